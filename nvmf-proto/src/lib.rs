@@ -1,0 +1,1 @@
+//! NVMe/TCP wire protocol, sans-IO.

@@ -1,0 +1,1 @@
+//! Pure QoS policies: every state machine takes `now` as an argument.
