@@ -1,0 +1,189 @@
+# Shared helpers for guest scenarios: source it first (`. /vm/lib.sh`).
+#
+# Every check counts as passed or failed; the scenario's result line
+# "N passed, N failed" is printed by `finish`, which also runs on exit so a
+# scenario that stops early still reports. A scenario with no passed check,
+# or one whose prerequisites are missing (require_*), fails: nothing passes
+# silently.
+
+PASS=0
+FAIL=0
+FINISHED=
+LOGDIR=/tmp/vm-logs
+mkdir -p "$LOGDIR"
+
+log() { echo "[$(cut -d' ' -f1 /proc/uptime)] $*"; }
+pass() { PASS=$((PASS + 1)); log "PASS: $*"; }
+fail() { FAIL=$((FAIL + 1)); log "FAIL: $*"; }
+
+# run_logged LOGNAME CMD...: runs CMD with output in $LOGDIR/LOGNAME.log,
+# printed only when it fails, so the console shows what went wrong.
+run_logged() {
+    _name=$1
+    shift
+    "$@" >"$LOGDIR/$_name.log" 2>&1
+    _rc=$?
+    if [ $_rc -ne 0 ]; then
+        log "command failed (exit $_rc): $*"
+        tail -n 40 "$LOGDIR/$_name.log" | sed 's/^/    | /'
+    fi
+    return $_rc
+}
+
+_slug() { echo "$1" | tr -c 'a-zA-Z0-9_.-' '_' | cut -c1-60; }
+
+# check DESCRIPTION CMD...: passes when CMD exits 0.
+check() {
+    _desc=$1
+    shift
+    if run_logged "$(_slug "$_desc")" "$@"; then pass "$_desc"; else fail "$_desc"; return 1; fi
+}
+
+# check_fails DESCRIPTION CMD...: passes when CMD exits non-zero.
+check_fails() {
+    _desc=$1
+    shift
+    if "$@" >"$LOGDIR/$(_slug "$_desc").log" 2>&1; then
+        fail "$_desc (expected failure, got success)"
+        return 1
+    fi
+    pass "$_desc"
+}
+
+# check_output DESCRIPTION PATTERN CMD...: passes when CMD exits 0 and its
+# output matches the extended regular expression PATTERN.
+check_output() {
+    _desc=$1
+    _pat=$2
+    shift 2
+    _log="$LOGDIR/$(_slug "$_desc").log"
+    if "$@" >"$_log" 2>&1 && grep -Eq -- "$_pat" "$_log"; then
+        pass "$_desc"
+    else
+        fail "$_desc (wanted /$_pat/)"
+        tail -n 40 "$_log" | sed 's/^/    | /'
+        return 1
+    fi
+}
+
+# check_eq DESCRIPTION EXPECTED ACTUAL
+check_eq() {
+    if [ "$2" = "$3" ]; then pass "$1"; else fail "$1: expected '$2', got '$3'"; return 1; fi
+}
+
+# wait_for DESCRIPTION SECONDS CMD...: polls CMD every 0.2 s until it
+# succeeds; fails the check at the deadline.
+wait_for() {
+    _desc=$1
+    _secs=$2
+    shift 2
+    _tries=$((_secs * 5))
+    while [ $_tries -gt 0 ]; do
+        if "$@" >/dev/null 2>&1; then pass "$_desc"; return 0; fi
+        sleep 0.2
+        _tries=$((_tries - 1))
+    done
+    fail "$_desc (not within ${_secs}s)"
+    return 1
+}
+
+# require_module MODULE...: loads each module; a module that will not load
+# fails the scenario (it must never pass without the kernel feature).
+require_module() {
+    for _m in "$@"; do
+        if ! modprobe "$_m" 2>"$LOGDIR/modprobe-$_m.log"; then
+            fail "kernel module $_m cannot be loaded: $(cat "$LOGDIR/modprobe-$_m.log")"
+            return 1
+        fi
+    done
+}
+
+# require_cmd CMD...: fails the scenario when a tool is not in the guest.
+require_cmd() {
+    for _c in "$@"; do
+        if ! command -v "$_c" >/dev/null 2>&1; then
+            fail "$_c is not in the guest image (is it built? see docs/testing.md)"
+            return 1
+        fi
+    done
+}
+
+# start_daemon NAME CMD...: runs CMD in the background with its output in
+# $LOGDIR/NAME.log; its pid is kept for stop_daemon and for the log dump.
+start_daemon() {
+    _n=$1
+    shift
+    "$@" >"$LOGDIR/daemon-$_n.log" 2>&1 &
+    echo $! >"$LOGDIR/daemon-$_n.pid"
+    log "started $_n (pid $!): $*"
+}
+
+# daemon_pid NAME
+daemon_pid() { cat "$LOGDIR/daemon-$1.pid" 2>/dev/null; }
+
+# daemon_alive NAME
+daemon_alive() { _p=$(daemon_pid "$1") && [ -n "$_p" ] && kill -0 "$_p" 2>/dev/null; }
+
+# stop_daemon NAME [SIGNAL]: signals the daemon (TERM by default), waits up
+# to 10 s, then kills it.
+stop_daemon() {
+    _p=$(daemon_pid "$1") || return 0
+    [ -n "$_p" ] || return 0
+    kill "-${2:-TERM}" "$_p" 2>/dev/null
+    _t=50
+    while kill -0 "$_p" 2>/dev/null && [ $_t -gt 0 ]; do
+        sleep 0.2
+        _t=$((_t - 1))
+    done
+    kill -KILL "$_p" 2>/dev/null
+    wait "$_p" 2>/dev/null
+    rm -f "$LOGDIR/daemon-$1.pid"
+    return 0
+}
+
+# finish: stops daemons, dumps their logs when anything failed, prints the
+# result line and exits with the scenario's status.
+finish() {
+    [ -n "$FINISHED" ] && exit $FAIL
+    FINISHED=1
+    for _pidf in "$LOGDIR"/daemon-*.pid; do
+        [ -e "$_pidf" ] || continue
+        _n=${_pidf##*/daemon-}
+        stop_daemon "${_n%.pid}"
+    done
+    if [ $PASS -eq 0 ] && [ $FAIL -eq 0 ]; then
+        fail "scenario ran no check"
+    fi
+    if [ $FAIL -ne 0 ]; then
+        for _l in "$LOGDIR"/daemon-*.log; do
+            [ -e "$_l" ] || continue
+            echo "---- $_l (last 60 lines) ----"
+            tail -n 60 "$_l"
+        done
+        echo "---- dmesg (last 40 lines) ----"
+        dmesg | tail -n 40
+    fi
+    echo "$PASS passed, $FAIL failed"
+    [ $FAIL -eq 0 ]
+    exit $?
+}
+trap finish EXIT
+
+# Debian's busybox runs its own applet for a command name it knows, even
+# when a real tool of that name is on PATH (prefer-applets). mke2fs and
+# blkdiscard are applets, so call the real ones by path.
+mkfs_ext4() { /usr/sbin/mke2fs -q -t ext4 -F "$@"; }
+blkdiscard_real() { /usr/sbin/blkdiscard "$@"; }
+
+# is_mounted DIR
+is_mounted() { grep -q " $1 " /proc/mounts; }
+
+# fio_verify DESCRIPTION DEVICE RW BS IODEPTH SIZE [EXTRA...]: a fio run that
+# writes with crc32c verification headers and verifies every block.
+fio_verify() {
+    _desc=$1 _dev=$2 _rw=$3 _bs=$4 _qd=$5 _size=$6
+    shift 6
+    check "$_desc" fio --name=verify --filename="$_dev" --ioengine=libaio --direct=1 \
+        --rw="$_rw" --bs="$_bs" --iodepth="$_qd" --size="$_size" \
+        --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 "$@"
+}

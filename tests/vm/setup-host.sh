@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs, from Debian's packages, everything the build and the VM bench need.
+# Idempotent: a package already installed is not touched, and `apt-get update`
+# runs only when something is missing (it is the slow part on a fresh machine).
+set -euo pipefail
+
+# Why each package is here:
+#   qemu-system-x86           boots the guest kernel (TCG; KVM does not work here)
+#   busybox-static            the guest's init, shell and coreutils
+#   cpio xz-utils zstd kmod   building the initramfs (depmod, .ko.xz decompression)
+#   fio e2fsprogs nvme-cli    the tools the scenarios run inside the guest
+#   libclang-dev clang        libublk's -sys crate runs bindgen at build time
+#   iperf3                    loopback network baseline for benchmarks
+#   systemd                   `systemd-analyze verify` of the shipped units
+PACKAGES=(
+    qemu-system-x86 busybox-static cpio xz-utils zstd kmod
+    fio e2fsprogs nvme-cli libclang-dev clang iperf3 systemd
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "setup-host: all packages present"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup-host: missing packages: ${missing[*]}; run as root (or install them) first" >&2
+    exit 1
+fi
+
+echo "setup-host: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
