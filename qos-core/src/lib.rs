@@ -1,1 +1,33 @@
-//! Pure QoS policies: every state machine takes `now` as an argument.
+//! Pure QoS policies for the NVMe-over-TCP storage stack.
+//!
+//! Every policy here is a deterministic state machine: it takes `now` (a
+//! [`Nanos`]) as an argument and never reads a clock, spawns a thread or
+//! does I/O. Where iteration order matters, containers are ordered
+//! (`BTreeMap`, `VecDeque`) so a run is reproducible from its inputs.
+//!
+//! Target side (Gimbal, SIGCOMM '21):
+//! - [`congestion`]: delay-based SSD congestion control (§3.2–3.3, Alg. 1)
+//! - [`token_bucket`]: dual read/write token bucket (§3.3, App. C.1, Alg. 4)
+//! - [`write_cost`]: write-cost estimator (§3.4)
+//! - [`scheduler`]: virtual-slot DRR with per-tenant priority queues (§3.5, Alg. 2)
+//! - [`credit`]: end-to-end credits and their completion-dword encoding (§3.6)
+//! - [`switch`]: the per-device pipeline that wires them together, and the
+//!   virtual view (§3.7)
+//!
+//! Shared vocabulary: [`time`], [`types`], [`config`], [`error`].
+
+pub mod config;
+pub mod congestion;
+pub mod credit;
+pub mod error;
+pub mod scheduler;
+pub mod switch;
+pub mod time;
+pub mod token_bucket;
+pub mod types;
+pub mod write_cost;
+
+pub use config::GimbalConfig;
+pub use error::{QosError, Result};
+pub use time::Nanos;
+pub use types::{IoKind, RequestId, TenantId};

@@ -1,0 +1,706 @@
+//! Virtual-slot deficit round robin over tenants (Gimbal §3.5, Appendix C,
+//! Algorithm 2), with per-tenant weighted priority queues.
+//!
+//! # Model
+//!
+//! Every tenant owns a set of priority queues. Tenants with queued requests
+//! sit on one of two lists: *active* (they may dispatch) or *deferred* (all
+//! their virtual slots are busy). The head of the active list is offered
+//! the DRR quantum once per visit; it dispatches its requests while their
+//! cost-weighted size (writes × write cost) fits in its deficit, then moves
+//! to the tail.
+//!
+//! A *virtual slot* groups a tenant's dispatched I/Os up to `slot_size`
+//! cost-weighted bytes. The slot a tenant adds I/Os to is its *open* slot;
+//! it closes (becomes *full*) when its weighted bytes reach the slot size,
+//! and it *completes* when it is full and every I/O in it has completed.
+//! A tenant may hold at most `allotted_slots` slots (open or full and
+//! incomplete), where `allotted_slots = max(1, single_tenant_slots /
+//! contending_tenants)`. A tenant that fills a slot and may not open
+//! another moves to the deferred list, its deficit reset to zero and frozen
+//! there, and returns to the tail of the active list when a slot completes.
+//!
+//! Within a tenant, the non-empty priority queues are served round robin,
+//! level 0 first, each for up to its weight in requests per turn.
+//!
+//! # Call order
+//!
+//! [`enqueue`](VirtualSlotScheduler::enqueue) whenever a request arrives;
+//! [`next_candidate`](VirtualSlotScheduler::next_candidate) to learn which
+//! request DRR would send next (the caller checks its token bucket), then
+//! [`dispatch`](VirtualSlotScheduler::dispatch) to take it;
+//! [`complete`](VirtualSlotScheduler::complete) when the device finishes it.
+//! The scheduler never reorders around a candidate the caller cannot send
+//! yet: like Gimbal, the egress waits for tokens for the head request.
+//!
+//! # Decisions where the paper is vague
+//!
+//! - A slot is full when its weighted bytes are **at least** the slot size
+//!   (Algorithm 2 says "greater than", but §3.5 says a slot holds "up to
+//!   128KB", e.g. exactly one 128 KiB I/O).
+//! - The open slot is created lazily by the first I/O that needs it, so a
+//!   tenant "can open a slot" iff it holds fewer than `allotted_slots`
+//!   slots. A partly filled open slot stays open across idle periods.
+//! - *Contending tenants* (for the slot allotment) are tenants with queued
+//!   **or in-flight** I/O, so a tenant running at queue depth one does not
+//!   flap in and out of the count. The allotment is re-evaluated on every
+//!   call; a tenant holding more slots than a smaller allotment allows keeps
+//!   them until they complete but opens no new one.
+//! - A tenant whose queues run empty leaves the active list and its deficit
+//!   resets to zero (classic DRR), so idle tenants bank no credit.
+//! - Credits (§3.6) use an I/O count of 1 per slot until the tenant's first
+//!   slot completes, so a new tenant starts with `allotted_slots` credits.
+//! - Priority levels past the configured ones are served as the lowest.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::config::GimbalConfig;
+use crate::error::{QosError, Result};
+use crate::time::Nanos;
+use crate::types::{IoKind, RequestId, TenantId};
+
+/// Largest credit value reported; credits travel in 31 bits (see
+/// [`crate::credit`]).
+pub const CREDIT_MAX: u32 = (1 << 31) - 1;
+
+/// A request waiting in a tenant's priority queue.
+#[derive(Clone, Debug)]
+struct Queued<T> {
+    id: RequestId,
+    kind: IoKind,
+    bytes: u64,
+    priority: u8,
+    enqueued_at: Nanos,
+    payload: T,
+}
+
+/// A group of up to `slot_size` weighted bytes of one tenant's I/O.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct VirtualSlot {
+    submits: u32,
+    completions: u32,
+    weighted_bytes: u64,
+    full: bool,
+}
+
+/// Which scheduler list a tenant is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ListMembership {
+    /// No queued requests.
+    Idle,
+    /// On the active list.
+    Active,
+    /// On the deferred list, waiting for a slot.
+    Deferred,
+}
+
+#[derive(Clone, Debug)]
+struct TenantState<T> {
+    queues: Vec<VecDeque<Queued<T>>>,
+    priority_cursor: usize,
+    priority_turn_left: u32,
+    deficit_bytes: u64,
+    list: ListMembership,
+    slots: BTreeMap<u64, VirtualSlot>,
+    open_slot: Option<u64>,
+    next_slot_seq: u64,
+    queued: usize,
+    in_flight: usize,
+    last_completed_slot_ios: u32,
+    stats: TenantStats,
+}
+
+/// Counters of one tenant, for monitoring and fairness checks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantStats {
+    /// Requests dispatched so far.
+    pub dispatched_ios: u64,
+    /// Bytes dispatched so far.
+    pub dispatched_bytes: u64,
+    /// Cost-weighted bytes dispatched so far.
+    pub dispatched_weighted_bytes: u64,
+    /// Requests completed so far.
+    pub completed_ios: u64,
+    /// Virtual slots completed so far.
+    pub completed_slots: u64,
+}
+
+/// A read-only snapshot of one tenant's scheduling state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantSnapshot {
+    /// Requests waiting in its queues.
+    pub queued: usize,
+    /// Requests dispatched and not completed.
+    pub in_flight: usize,
+    /// Current DRR deficit in weighted bytes.
+    pub deficit_bytes: u64,
+    /// Virtual slots held (open or full and incomplete).
+    pub slots_in_use: usize,
+    /// Whether the tenant is on the deferred list.
+    pub deferred: bool,
+    /// I/O count of its latest completed slot (1 before the first).
+    pub last_completed_slot_ios: u32,
+    /// Lifetime counters.
+    pub stats: TenantStats,
+}
+
+/// The request DRR would dispatch next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The request.
+    pub id: RequestId,
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// Read or write: which token bucket must admit it.
+    pub kind: IoKind,
+    /// Its size in bytes: what the token bucket charges.
+    pub bytes: u64,
+    /// Its cost-weighted size: what the deficit and the slot are charged.
+    pub weighted_bytes: u64,
+}
+
+/// A request handed to the caller for submission to the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatched<T> {
+    /// Scheduler-assigned id; pass it to `complete`.
+    pub id: RequestId,
+    /// The tenant it belongs to.
+    pub tenant: TenantId,
+    /// Read or write.
+    pub kind: IoKind,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Priority level it was queued at (after clamping).
+    pub priority: u8,
+    /// When it was enqueued.
+    pub enqueued_at: Nanos,
+    /// The caller's payload, given back.
+    pub payload: T,
+}
+
+/// What a completion did to the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompletedIo {
+    /// The tenant of the completed request.
+    pub tenant: TenantId,
+    /// Read or write.
+    pub kind: IoKind,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Whether this completion completed (and freed) a virtual slot.
+    pub slot_completed: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    tenant: TenantId,
+    slot_seq: u64,
+    kind: IoKind,
+    bytes: u64,
+}
+
+/// Deficit round robin over tenants with virtual slots (Algorithm 2).
+/// `T` is the caller's per-request payload, returned on dispatch.
+#[derive(Clone, Debug)]
+pub struct VirtualSlotScheduler<T> {
+    slot_size_bytes: u64,
+    quantum_bytes: u64,
+    single_tenant_slots: u32,
+    priority_weights: Vec<u32>,
+    tenants: BTreeMap<TenantId, TenantState<T>>,
+    active: VecDeque<TenantId>,
+    deferred: VecDeque<TenantId>,
+    head_quantum_granted: bool,
+    in_flight: BTreeMap<RequestId, InFlight>,
+    next_request_id: u64,
+    contending_tenants: usize,
+    queued_total: usize,
+}
+
+impl<T> TenantState<T> {
+    fn new(levels: usize) -> Self {
+        TenantState {
+            queues: (0..levels).map(|_| VecDeque::new()).collect(),
+            // The first turn search starts after the cursor: start at the
+            // last level so that level 0 is served first.
+            priority_cursor: levels - 1,
+            priority_turn_left: 0,
+            deficit_bytes: 0,
+            list: ListMembership::Idle,
+            slots: BTreeMap::new(),
+            open_slot: None,
+            next_slot_seq: 0,
+            queued: 0,
+            in_flight: 0,
+            last_completed_slot_ios: 1,
+            stats: TenantStats::default(),
+        }
+    }
+
+    fn is_contending(&self) -> bool {
+        self.queued > 0 || self.in_flight > 0
+    }
+
+    /// Whether the tenant may add an I/O to a slot now.
+    fn has_slot_room(&self, allotted_slots: u32) -> bool {
+        self.open_slot.is_some() || self.slots.len() < allotted_slots as usize
+    }
+
+    /// The priority level to serve next and whether that starts a new turn.
+    fn select_level(&self) -> Option<(usize, bool)> {
+        let levels = self.queues.len();
+        if !self.queues[self.priority_cursor].is_empty() && self.priority_turn_left > 0 {
+            return Some((self.priority_cursor, false));
+        }
+        (1..=levels)
+            .map(|step| (self.priority_cursor + step) % levels)
+            .find(|&level| !self.queues[level].is_empty())
+            .map(|level| (level, true))
+    }
+
+    fn head(&self) -> Option<&Queued<T>> {
+        let (level, _) = self.select_level()?;
+        self.queues[level].front()
+    }
+
+    fn pop_head(&mut self, weights: &[u32]) -> Option<Queued<T>> {
+        let (level, new_turn) = self.select_level()?;
+        if new_turn {
+            self.priority_cursor = level;
+            self.priority_turn_left = weights[level];
+        }
+        self.priority_turn_left -= 1;
+        let request = self.queues[level].pop_front()?;
+        self.queued -= 1;
+        Some(request)
+    }
+}
+
+impl<T> VirtualSlotScheduler<T> {
+    /// An empty scheduler configured from the Gimbal parameters.
+    pub fn new(config: &GimbalConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(VirtualSlotScheduler {
+            slot_size_bytes: config.slot_size_bytes,
+            quantum_bytes: config.drr_quantum_bytes,
+            single_tenant_slots: config.single_tenant_slots,
+            priority_weights: config.priority_weights.clone(),
+            tenants: BTreeMap::new(),
+            active: VecDeque::new(),
+            deferred: VecDeque::new(),
+            head_quantum_granted: false,
+            in_flight: BTreeMap::new(),
+            next_request_id: 0,
+            contending_tenants: 0,
+            queued_total: 0,
+        })
+    }
+
+    /// Registers a tenant.
+    pub fn add_tenant(&mut self, tenant: TenantId) -> Result<()> {
+        if self.tenants.contains_key(&tenant) {
+            return Err(QosError::DuplicateTenant(tenant));
+        }
+        self.tenants
+            .insert(tenant, TenantState::new(self.priority_weights.len()));
+        Ok(())
+    }
+
+    /// Forgets a tenant; it must have nothing queued or in flight.
+    pub fn remove_tenant(&mut self, tenant: TenantId) -> Result<()> {
+        let state = self
+            .tenants
+            .get(&tenant)
+            .ok_or(QosError::UnknownTenant(tenant))?;
+        if state.is_contending() {
+            return Err(QosError::TenantBusy(tenant));
+        }
+        debug_assert_eq!(state.list, ListMembership::Idle);
+        self.tenants.remove(&tenant);
+        Ok(())
+    }
+
+    /// Whether `tenant` is registered.
+    pub fn has_tenant(&self, tenant: TenantId) -> bool {
+        self.tenants.contains_key(&tenant)
+    }
+
+    /// Registered tenants in id order.
+    pub fn tenant_ids(&self) -> impl Iterator<Item = TenantId> + '_ {
+        self.tenants.keys().copied()
+    }
+
+    /// Virtual slots each contending tenant may hold now.
+    pub fn allotted_slots(&self) -> u32 {
+        Self::allotment(self.single_tenant_slots, self.contending_tenants)
+    }
+
+    fn allotment(single_tenant_slots: u32, contending: usize) -> u32 {
+        let contending = u32::try_from(contending.max(1)).unwrap_or(u32::MAX);
+        (single_tenant_slots / contending).max(1)
+    }
+
+    /// Tenants with queued or in-flight I/O.
+    pub fn contending_tenants(&self) -> usize {
+        self.contending_tenants
+    }
+
+    /// Requests queued across all tenants.
+    pub fn queued_len(&self) -> usize {
+        self.queued_total
+    }
+
+    /// Requests dispatched and not yet completed.
+    pub fn in_flight_len(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The credit of `tenant` (§3.6): its allotted virtual slots times the
+    /// I/O count of its latest completed slot, counting the tenant itself
+    /// as contending. Always at least 1, at most [`CREDIT_MAX`].
+    pub fn credit(&self, tenant: TenantId) -> Option<u32> {
+        let state = self.tenants.get(&tenant)?;
+        let contending = self.contending_tenants + usize::from(!state.is_contending());
+        let slots = Self::allotment(self.single_tenant_slots, contending);
+        Some(
+            slots
+                .saturating_mul(state.last_completed_slot_ios.max(1))
+                .min(CREDIT_MAX),
+        )
+    }
+
+    /// A snapshot of one tenant's state.
+    pub fn tenant_snapshot(&self, tenant: TenantId) -> Option<TenantSnapshot> {
+        let s = self.tenants.get(&tenant)?;
+        Some(TenantSnapshot {
+            queued: s.queued,
+            in_flight: s.in_flight,
+            deficit_bytes: s.deficit_bytes,
+            slots_in_use: s.slots.len(),
+            deferred: s.list == ListMembership::Deferred,
+            last_completed_slot_ios: s.last_completed_slot_ios,
+            stats: s.stats,
+        })
+    }
+
+    /// Queues a request of `tenant` at priority level `priority` (0 is
+    /// served first; levels past the configured ones count as the lowest).
+    pub fn enqueue(
+        &mut self,
+        now: Nanos,
+        tenant: TenantId,
+        kind: IoKind,
+        bytes: u64,
+        priority: u8,
+        payload: T,
+    ) -> Result<RequestId> {
+        let allotted = self.allotted_slots();
+        let levels = self.priority_weights.len();
+        let state = self
+            .tenants
+            .get_mut(&tenant)
+            .ok_or(QosError::UnknownTenant(tenant))?;
+        let id = RequestId(self.next_request_id);
+        self.next_request_id += 1;
+        let level = usize::from(priority).min(levels - 1);
+        let was_contending = state.is_contending();
+        state.queues[level].push_back(Queued {
+            id,
+            kind,
+            bytes,
+            priority: level as u8,
+            enqueued_at: now,
+            payload,
+        });
+        state.queued += 1;
+        self.queued_total += 1;
+        if state.list == ListMembership::Idle {
+            if state.has_slot_room(allotted) {
+                state.list = ListMembership::Active;
+                self.active.push_back(tenant);
+            } else {
+                state.list = ListMembership::Deferred;
+                self.deferred.push_back(tenant);
+            }
+        }
+        if !was_contending {
+            self.contending_tenants += 1;
+        }
+        Ok(id)
+    }
+
+    fn pop_active_front(&mut self) -> Option<TenantId> {
+        self.head_quantum_granted = false;
+        self.active.pop_front()
+    }
+
+    /// Moves deferred tenants that may now open a slot to the active tail,
+    /// in deferred-list order.
+    fn promote_deferred(&mut self) {
+        let allotted = self.allotted_slots();
+        let tenants = &mut self.tenants;
+        let active = &mut self.active;
+        self.deferred.retain(|id| {
+            let state = tenants.get_mut(id).expect("deferred tenant exists");
+            if state.has_slot_room(allotted) {
+                state.list = ListMembership::Active;
+                active.push_back(*id);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn weighted(kind: IoKind, bytes: u64, write_cost: f64) -> u64 {
+        match kind {
+            IoKind::Read => bytes,
+            IoKind::Write => (bytes as f64 * write_cost.max(1.0)).ceil() as u64,
+        }
+    }
+
+    /// The request DRR serves next given the current `write_cost`, or
+    /// `None` when no tenant with queued requests has a free slot.
+    ///
+    /// Advances the round robin (grants quanta, rotates tenants whose head
+    /// does not fit) but is idempotent: calling it again without another
+    /// call in between returns the same candidate.
+    pub fn next_candidate(&mut self, write_cost: f64) -> Option<Candidate> {
+        self.promote_deferred();
+        let allotted = self.allotted_slots();
+        // Each rotation grants one quantum, so every head fits after at most
+        // max_weighted / quantum visits of its tenant: bound the loop by that.
+        let max_weighted = self
+            .active
+            .iter()
+            .filter_map(|id| self.tenants[id].head())
+            .map(|q| Self::weighted(q.kind, q.bytes, write_cost))
+            .max()
+            .unwrap_or(0);
+        let visits_per_tenant = max_weighted / self.quantum_bytes + 2;
+        let limit = (self.active.len() as u64).saturating_mul(visits_per_tenant) + 1;
+        for _ in 0..limit {
+            let tenant = *self.active.front()?;
+            let state = self.tenants.get_mut(&tenant).expect("active tenant exists");
+            if state.queued == 0 {
+                state.list = ListMembership::Idle;
+                state.deficit_bytes = 0;
+                self.pop_active_front();
+                continue;
+            }
+            if !state.has_slot_room(allotted) {
+                state.list = ListMembership::Deferred;
+                state.deficit_bytes = 0;
+                self.pop_active_front();
+                self.deferred.push_back(tenant);
+                continue;
+            }
+            let head = state.head().expect("queued > 0");
+            let weighted_bytes = Self::weighted(head.kind, head.bytes, write_cost);
+            let candidate = Candidate {
+                id: head.id,
+                tenant,
+                kind: head.kind,
+                bytes: head.bytes,
+                weighted_bytes,
+            };
+            if weighted_bytes <= state.deficit_bytes {
+                return Some(candidate);
+            }
+            if !self.head_quantum_granted {
+                self.head_quantum_granted = true;
+                state.deficit_bytes = state.deficit_bytes.saturating_add(self.quantum_bytes);
+                if weighted_bytes <= state.deficit_bytes {
+                    return Some(candidate);
+                }
+            }
+            self.pop_active_front();
+            self.active.push_back(tenant);
+        }
+        debug_assert!(false, "DRR loop bound reached");
+        None
+    }
+
+    /// Takes the current candidate (see [`next_candidate`](Self::next_candidate))
+    /// out of its queue, charges its tenant's deficit and virtual slot, and
+    /// records it as in flight.
+    pub fn dispatch(&mut self, write_cost: f64) -> Option<Dispatched<T>> {
+        let candidate = self.next_candidate(write_cost)?;
+        let allotted = self.allotted_slots();
+        let slot_size = self.slot_size_bytes;
+        let state = self
+            .tenants
+            .get_mut(&candidate.tenant)
+            .expect("candidate tenant exists");
+        let request = state
+            .pop_head(&self.priority_weights)
+            .expect("candidate is queued");
+        debug_assert_eq!(request.id, candidate.id);
+        self.queued_total -= 1;
+        state.deficit_bytes -= candidate.weighted_bytes;
+        let slot_seq = match state.open_slot {
+            Some(seq) => seq,
+            None => {
+                let seq = state.next_slot_seq;
+                state.next_slot_seq += 1;
+                state.slots.insert(seq, VirtualSlot::default());
+                state.open_slot = Some(seq);
+                seq
+            }
+        };
+        let slot = state.slots.get_mut(&slot_seq).expect("open slot exists");
+        slot.submits += 1;
+        slot.weighted_bytes = slot.weighted_bytes.saturating_add(candidate.weighted_bytes);
+        if slot.weighted_bytes >= slot_size {
+            slot.full = true;
+            state.open_slot = None;
+        }
+        state.in_flight += 1;
+        state.stats.dispatched_ios += 1;
+        state.stats.dispatched_bytes += request.bytes;
+        state.stats.dispatched_weighted_bytes += candidate.weighted_bytes;
+        if state.queued == 0 {
+            state.list = ListMembership::Idle;
+            state.deficit_bytes = 0;
+            self.pop_active_front();
+        } else if !state.has_slot_room(allotted) {
+            state.list = ListMembership::Deferred;
+            state.deficit_bytes = 0;
+            self.pop_active_front();
+            self.deferred.push_back(candidate.tenant);
+        }
+        self.in_flight.insert(
+            request.id,
+            InFlight {
+                tenant: candidate.tenant,
+                slot_seq,
+                kind: request.kind,
+                bytes: request.bytes,
+            },
+        );
+        Some(Dispatched {
+            id: request.id,
+            tenant: candidate.tenant,
+            kind: request.kind,
+            bytes: request.bytes,
+            priority: request.priority,
+            enqueued_at: request.enqueued_at,
+            payload: request.payload,
+        })
+    }
+
+    /// Records the completion of a dispatched request (Algorithm 2
+    /// `SCHED_COMPLETE`): frees its slot when that was the slot's last I/O.
+    pub fn complete(&mut self, id: RequestId) -> Result<CompletedIo> {
+        let io = self
+            .in_flight
+            .remove(&id)
+            .ok_or(QosError::UnknownRequest(id))?;
+        let state = self
+            .tenants
+            .get_mut(&io.tenant)
+            .expect("in-flight tenant exists");
+        state.in_flight -= 1;
+        state.stats.completed_ios += 1;
+        let slot = state
+            .slots
+            .get_mut(&io.slot_seq)
+            .expect("in-flight slot exists");
+        slot.completions += 1;
+        let slot_completed = slot.full && slot.completions == slot.submits;
+        if slot_completed {
+            state.last_completed_slot_ios = slot.submits;
+            state.stats.completed_slots += 1;
+            state.slots.remove(&io.slot_seq);
+        }
+        if !state.is_contending() {
+            self.contending_tenants -= 1;
+        }
+        if slot_completed && state.list == ListMembership::Deferred {
+            let allotted = self.allotted_slots();
+            let state = self.tenants.get_mut(&io.tenant).expect("tenant exists");
+            if state.has_slot_room(allotted) {
+                state.list = ListMembership::Active;
+                self.deferred.retain(|t| *t != io.tenant);
+                self.active.push_back(io.tenant);
+            }
+        }
+        Ok(CompletedIo {
+            tenant: io.tenant,
+            kind: io.kind,
+            bytes: io.bytes,
+            slot_completed,
+        })
+    }
+
+    /// Checks internal invariants; for tests and debug builds.
+    pub fn check_invariants(&self) -> core::result::Result<(), String> {
+        let mut contending = 0;
+        let mut queued = 0;
+        for (id, s) in &self.tenants {
+            let on_active = self.active.iter().filter(|t| *t == id).count();
+            let on_deferred = self.deferred.iter().filter(|t| *t == id).count();
+            let expected = match s.list {
+                ListMembership::Idle => (0, 0),
+                ListMembership::Active => (1, 0),
+                ListMembership::Deferred => (0, 1),
+            };
+            if (on_active, on_deferred) != expected {
+                return Err(format!(
+                    "{id}: list membership {:?} but on lists {on_active}/{on_deferred}",
+                    s.list
+                ));
+            }
+            let q: usize = s.queues.iter().map(VecDeque::len).sum();
+            if q != s.queued {
+                return Err(format!("{id}: queued count {} but {q} in queues", s.queued));
+            }
+            if s.queued == 0 && s.list != ListMembership::Idle {
+                // Allowed transiently only for the active head before the next candidate pass.
+                if !(s.list == ListMembership::Active && self.active.front() == Some(id)) {
+                    return Err(format!("{id}: empty but on a list"));
+                }
+            }
+            if s.list == ListMembership::Deferred && s.deficit_bytes != 0 {
+                return Err(format!("{id}: deferred with deficit {}", s.deficit_bytes));
+            }
+            let in_slots: u32 = s.slots.values().map(|v| v.submits - v.completions).sum();
+            if in_slots as usize != s.in_flight {
+                return Err(format!(
+                    "{id}: {} in flight but {in_slots} in slots",
+                    s.in_flight
+                ));
+            }
+            if let Some(open) = s.open_slot {
+                if s.slots.get(&open).is_none_or_full() {
+                    return Err(format!("{id}: open slot missing or full"));
+                }
+            }
+            contending += usize::from(s.is_contending());
+            queued += s.queued;
+        }
+        if contending != self.contending_tenants {
+            return Err(format!(
+                "contending {} != {contending}",
+                self.contending_tenants
+            ));
+        }
+        if queued != self.queued_total {
+            return Err(format!("queued {} != {queued}", self.queued_total));
+        }
+        Ok(())
+    }
+}
+
+trait SlotOptionExt {
+    fn is_none_or_full(&self) -> bool;
+}
+
+impl SlotOptionExt for Option<&VirtualSlot> {
+    fn is_none_or_full(&self) -> bool {
+        self.map_or(true, |s| s.full)
+    }
+}
+
+#[cfg(test)]
+mod tests;

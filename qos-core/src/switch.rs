@@ -1,0 +1,403 @@
+//! The per-device Gimbal switch pipeline (§3.1): ingress DRR over tenants
+//! with virtual slots → egress pacing by the dual token bucket at the
+//! congestion controller's target rate → completion feedback into the
+//! congestion controller, the write-cost estimator and the scheduler →
+//! credits back to the tenant.
+//!
+//! # Call order (for the driver that pumps it)
+//!
+//! 1. [`submit`](GimbalSwitch::submit) every request as it arrives from a
+//!    tenant (ingress).
+//! 2. [`poll_dispatch`](GimbalSwitch::poll_dispatch) until it returns
+//!    `None`, sending each returned request to the device at once: the
+//!    switch takes the dispatch time as the device submission time.
+//! 3. [`complete`](GimbalSwitch::complete) each device completion; put the
+//!    returned credit in the completion to the tenant (see
+//!    [`crate::credit::encode_credit_dw1`]); then poll again (step 2).
+//! 4. When `poll_dispatch` returns `None`, arm a timer for
+//!    [`next_wakeup`](GimbalSwitch::next_wakeup) and poll when it fires.
+//!    `None` there means only a submission or a completion can unblock.
+//!
+//! All calls take `now`; it must not go backwards.
+
+use serde::Serialize;
+
+use crate::config::GimbalConfig;
+use crate::congestion::{CongestionControl, CongestionState};
+use crate::error::{QosError, Result};
+use crate::scheduler::{Dispatched, VirtualSlotScheduler};
+use crate::time::Nanos;
+use crate::token_bucket::DualTokenBucket;
+use crate::types::{IoKind, RequestId, TenantId};
+use crate::write_cost::WriteCostEstimator;
+use std::collections::BTreeMap;
+
+/// What the switch reports for one device completion.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SwitchCompletion {
+    /// The tenant the request belonged to.
+    pub tenant: TenantId,
+    /// Read or write.
+    pub kind: IoKind,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Device latency: completion time minus dispatch time.
+    pub latency_ns: u64,
+    /// The tenant's credit to report in the completion (§3.6).
+    pub credit: u32,
+    /// The congestion state this completion put the device in.
+    pub congestion_state: CongestionState,
+    /// Whether the completion freed one of the tenant's virtual slots.
+    pub slot_completed: bool,
+}
+
+/// One tenant's part of the virtual view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TenantView {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Its current credit (§3.6).
+    pub credit: u32,
+    /// Requests queued at the switch ingress.
+    pub queued: usize,
+    /// Requests at the device.
+    pub in_flight: usize,
+    /// Virtual slots it holds.
+    pub slots_in_use: usize,
+}
+
+/// The per-device virtual view (§3.7): what a tenant may learn about the
+/// device's headroom, readable over a vendor log page.
+///
+/// Headroom is the pacing rate of a kind (its share of the target rate)
+/// minus the rate at which that kind completed recently, floored at zero:
+/// how many more bytes per second of that kind the switch would currently
+/// admit. The paper does not define it more precisely.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VirtualView {
+    /// When the view was taken.
+    pub at_ns: u64,
+    /// State decided by the latest completion.
+    pub congestion_state: CongestionState,
+    /// Target submission rate, bytes per second, reads and writes together.
+    pub target_rate_bps: u64,
+    /// Read headroom, bytes per second.
+    pub read_headroom_bps: u64,
+    /// Write headroom, bytes per second.
+    pub write_headroom_bps: u64,
+    /// Current write cost (§3.4).
+    pub write_cost: f64,
+    /// Read latency EWMA, if any read completed.
+    pub read_latency_ewma_ns: Option<u64>,
+    /// Write latency EWMA, if any write completed.
+    pub write_latency_ewma_ns: Option<u64>,
+    /// Dynamic read latency threshold.
+    pub read_latency_threshold_ns: u64,
+    /// Dynamic write latency threshold.
+    pub write_latency_threshold_ns: u64,
+    /// Virtual slots each contending tenant may hold.
+    pub allotted_slots: u32,
+    /// Requests at the device.
+    pub in_flight: usize,
+    /// Requests queued at the ingress.
+    pub queued: usize,
+    /// Per-tenant credits and queues, in tenant order.
+    pub tenants: Vec<TenantView>,
+}
+
+/// One device's switch pipeline. `T` is the caller's per-request payload.
+#[derive(Clone, Debug)]
+pub struct GimbalSwitch<T> {
+    congestion: CongestionControl,
+    buckets: DualTokenBucket,
+    write_cost: WriteCostEstimator,
+    scheduler: VirtualSlotScheduler<T>,
+    dispatched_at: BTreeMap<RequestId, Nanos>,
+}
+
+impl<T> GimbalSwitch<T> {
+    /// A switch with no tenants; fails with the offending field if the
+    /// configuration is invalid.
+    pub fn new(config: &GimbalConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(GimbalSwitch {
+            congestion: CongestionControl::new(config)?,
+            buckets: DualTokenBucket::new(config.token_bucket_bytes),
+            write_cost: WriteCostEstimator::new(config)?,
+            scheduler: VirtualSlotScheduler::new(config)?,
+            dispatched_at: BTreeMap::new(),
+        })
+    }
+
+    /// Registers a tenant (e.g. when a host NQN connects).
+    pub fn add_tenant(&mut self, tenant: TenantId) -> Result<()> {
+        self.scheduler.add_tenant(tenant)
+    }
+
+    /// Forgets a tenant with nothing queued or in flight.
+    pub fn remove_tenant(&mut self, tenant: TenantId) -> Result<()> {
+        self.scheduler.remove_tenant(tenant)
+    }
+
+    /// Ingress: queues a request of `tenant` at priority level `priority`.
+    pub fn submit(
+        &mut self,
+        now: Nanos,
+        tenant: TenantId,
+        kind: IoKind,
+        bytes: u64,
+        priority: u8,
+        payload: T,
+    ) -> Result<RequestId> {
+        self.scheduler
+            .enqueue(now, tenant, kind, bytes, priority, payload)
+    }
+
+    fn refill(&mut self, now: Nanos) {
+        self.buckets.refill(
+            now,
+            self.congestion.target_rate_bps(),
+            self.write_cost.write_cost(),
+        );
+    }
+
+    /// Egress (Algorithm 1 `SUBMISSION`): the next request to send to the
+    /// device now, if DRR has one and its token bucket admits it.
+    pub fn poll_dispatch(&mut self, now: Nanos) -> Option<Dispatched<T>> {
+        self.refill(now);
+        let write_cost = self.write_cost.write_cost();
+        let candidate = self.scheduler.next_candidate(write_cost)?;
+        if !self.buckets.try_consume(candidate.kind, candidate.bytes) {
+            return None;
+        }
+        let dispatched = self.scheduler.dispatch(write_cost)?;
+        debug_assert_eq!(dispatched.id, candidate.id);
+        self.dispatched_at.insert(dispatched.id, now);
+        Some(dispatched)
+    }
+
+    /// When a `poll_dispatch` that returned `None` could next succeed if no
+    /// submission or completion happens meanwhile: the instant the head
+    /// request's bucket will hold enough tokens. `None` when nothing is
+    /// queued or every queued tenant waits for a virtual slot.
+    pub fn next_wakeup(&mut self, now: Nanos) -> Option<Nanos> {
+        self.refill(now);
+        let write_cost = self.write_cost.write_cost();
+        let candidate = self.scheduler.next_candidate(write_cost)?;
+        let wait = self.buckets.nanos_until_admitted(
+            candidate.kind,
+            candidate.bytes,
+            self.congestion.target_rate_bps(),
+            write_cost,
+        )?;
+        Some(now.saturating_add_nanos(wait))
+    }
+
+    /// Completion feedback (Algorithm 1 `COMPLETION`, Algorithm 2
+    /// `SCHED_COMPLETE`): updates latency monitors, target rate, write cost
+    /// and the tenant's slots, and returns the tenant's new credit.
+    pub fn complete(&mut self, now: Nanos, id: RequestId) -> Result<SwitchCompletion> {
+        let dispatched_at = self
+            .dispatched_at
+            .remove(&id)
+            .ok_or(QosError::UnknownRequest(id))?;
+        // Credit tokens earned at the old rate before the rate changes.
+        self.refill(now);
+        let done = self.scheduler.complete(id)?;
+        let latency_ns = now.nanos_since(dispatched_at);
+        let feedback = self
+            .congestion
+            .on_completion(now, done.kind, done.bytes, latency_ns);
+        if feedback.discard_tokens {
+            self.buckets.discard();
+        }
+        if done.kind == IoKind::Write && done.bytes > 0 {
+            if let Some(ewma) = self.congestion.monitor(IoKind::Write).latency_ewma_ns() {
+                self.write_cost.on_write_completion(now, ewma);
+            }
+        }
+        let credit = self.scheduler.credit(done.tenant).unwrap_or(1);
+        Ok(SwitchCompletion {
+            tenant: done.tenant,
+            kind: done.kind,
+            bytes: done.bytes,
+            latency_ns,
+            credit,
+            congestion_state: feedback.state,
+            slot_completed: done.slot_completed,
+        })
+    }
+
+    /// The current credit of `tenant`.
+    pub fn credit(&self, tenant: TenantId) -> Option<u32> {
+        self.scheduler.credit(tenant)
+    }
+
+    /// A snapshot of the device's virtual view (§3.7).
+    pub fn virtual_view(&mut self, now: Nanos) -> VirtualView {
+        let write_cost = self.write_cost.write_cost();
+        let rate = self.congestion.target_rate_bps();
+        let read_share = rate * write_cost / (write_cost + 1.0);
+        let write_share = rate / (write_cost + 1.0);
+        let read_done = self.congestion.completion_rate_bps(now, Some(IoKind::Read));
+        let write_done = self
+            .congestion
+            .completion_rate_bps(now, Some(IoKind::Write));
+        let read = self.congestion.monitor(IoKind::Read);
+        let write = self.congestion.monitor(IoKind::Write);
+        let tenants = self
+            .scheduler
+            .tenant_ids()
+            .filter_map(|t| {
+                let snap = self.scheduler.tenant_snapshot(t)?;
+                Some(TenantView {
+                    tenant: t,
+                    credit: self.scheduler.credit(t)?,
+                    queued: snap.queued,
+                    in_flight: snap.in_flight,
+                    slots_in_use: snap.slots_in_use,
+                })
+            })
+            .collect();
+        VirtualView {
+            at_ns: now.as_nanos(),
+            congestion_state: self.congestion.state(),
+            target_rate_bps: rate as u64,
+            read_headroom_bps: (read_share - read_done).max(0.0) as u64,
+            write_headroom_bps: (write_share - write_done).max(0.0) as u64,
+            write_cost,
+            read_latency_ewma_ns: read.latency_ewma_ns(),
+            write_latency_ewma_ns: write.latency_ewma_ns(),
+            read_latency_threshold_ns: read.threshold_ns(),
+            write_latency_threshold_ns: write.threshold_ns(),
+            allotted_slots: self.scheduler.allotted_slots(),
+            in_flight: self.scheduler.in_flight_len(),
+            queued: self.scheduler.queued_len(),
+            tenants,
+        }
+    }
+
+    /// The congestion controller (read-only).
+    pub fn congestion(&self) -> &CongestionControl {
+        &self.congestion
+    }
+
+    /// The token buckets (read-only).
+    pub fn token_buckets(&self) -> &DualTokenBucket {
+        &self.buckets
+    }
+
+    /// The write-cost estimator (read-only).
+    pub fn write_cost(&self) -> &WriteCostEstimator {
+        &self.write_cost
+    }
+
+    /// The scheduler (read-only).
+    pub fn scheduler(&self) -> &VirtualSlotScheduler<T> {
+        &self.scheduler
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KIB;
+
+    const A: TenantId = TenantId(1);
+
+    fn switch() -> GimbalSwitch<u32> {
+        let mut s = GimbalSwitch::new(&GimbalConfig::default()).unwrap();
+        s.add_tenant(A).unwrap();
+        s
+    }
+
+    #[test]
+    fn invalid_config_is_rejected_with_the_field() {
+        let cfg = GimbalConfig {
+            latency_threshold_min_us: 2000,
+            ..GimbalConfig::default()
+        };
+        match GimbalSwitch::<()>::new(&cfg) {
+            Err(QosError::InvalidConfig { field, .. }) => {
+                assert_eq!(field, "latency_threshold_min_us")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn pacing_blocks_then_wakes_up_exactly() {
+        let mut s = switch();
+        for i in 0..4 {
+            s.submit(Nanos(0), A, IoKind::Read, 128 * KIB, 0, i)
+                .unwrap();
+        }
+        // Full read bucket (256 KiB): two go out at once.
+        assert!(s.poll_dispatch(Nanos(0)).is_some());
+        assert!(s.poll_dispatch(Nanos(0)).is_some());
+        assert!(s.poll_dispatch(Nanos(0)).is_none());
+        let wake = s.next_wakeup(Nanos(0)).unwrap();
+        assert!(wake > Nanos(0));
+        assert!(s.poll_dispatch(Nanos(wake.as_nanos() - 1)).is_none());
+        assert!(s.poll_dispatch(wake).is_some());
+    }
+
+    #[test]
+    fn completion_reports_latency_credit_and_state() {
+        let mut s = switch();
+        let id = s
+            .submit(Nanos(0), A, IoKind::Read, 128 * KIB, 0, 7)
+            .unwrap();
+        let d = s.poll_dispatch(Nanos(10)).unwrap();
+        assert_eq!((d.id, d.payload), (id, 7));
+        let rate = s.congestion().target_rate_bps();
+        let c = s.complete(Nanos(110_010), id).unwrap();
+        assert_eq!(c.latency_ns, 110_000);
+        assert_eq!(c.congestion_state, CongestionState::Underutilized);
+        assert!(c.slot_completed);
+        assert_eq!(c.credit, 8);
+        assert_eq!(s.congestion().target_rate_bps(), rate + 8.0 * 131072.0);
+        assert_eq!(s.complete(Nanos(1), id), Err(QosError::UnknownRequest(id)));
+    }
+
+    #[test]
+    fn overload_discards_tokens() {
+        let mut s = switch();
+        let id = s.submit(Nanos(0), A, IoKind::Write, 4 * KIB, 0, 0).unwrap();
+        s.poll_dispatch(Nanos(0)).unwrap();
+        let c = s.complete(Nanos(5_000_000), id).unwrap();
+        assert_eq!(c.congestion_state, CongestionState::Overloaded);
+        assert!(s.token_buckets().tokens(IoKind::Read) <= 0.0);
+        assert!(s.token_buckets().tokens(IoKind::Write) <= 0.0);
+        let view = s.virtual_view(Nanos(5_000_000));
+        assert_eq!(view.congestion_state, CongestionState::Overloaded);
+        assert_eq!(view.write_cost, 9.0);
+        assert_eq!(view.tenants.len(), 1);
+    }
+
+    #[test]
+    fn write_cost_falls_with_fast_writes() {
+        let mut s = switch();
+        let mut now = Nanos(0);
+        for i in 0..20 {
+            let id = s.submit(now, A, IoKind::Write, 4 * KIB, 0, i).unwrap();
+            while s.poll_dispatch(now).is_none() {
+                now = s.next_wakeup(now).unwrap();
+            }
+            now = now.saturating_add_nanos(100_000);
+            s.complete(now, id).unwrap();
+            now = now.saturating_add_nanos(1_000_000);
+        }
+        assert_eq!(s.write_cost().write_cost(), 1.0);
+        let view = s.virtual_view(now);
+        assert!(view.read_headroom_bps > 0);
+        assert_eq!(view.write_latency_ewma_ns, Some(100_000));
+    }
+
+    #[test]
+    fn nothing_queued_means_no_wakeup() {
+        let mut s = switch();
+        assert_eq!(s.next_wakeup(Nanos(0)), None);
+        assert!(s.poll_dispatch(Nanos(0)).is_none());
+    }
+}
