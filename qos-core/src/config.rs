@@ -60,8 +60,11 @@ pub struct GimbalConfig {
     /// (Appendix C.1). Default 256 KiB.
     pub token_bucket_bytes: u64,
     /// Target rate before the first completion, bytes per second. Not given
-    /// by the paper; default 64 MiB/s, from which the under-utilized state
-    /// ramps up within milliseconds.
+    /// by the paper. Default 1 GiB/s: starting high keeps a fresh device
+    /// from being throttled by the ramp (under-utilized growth is β × size
+    /// per completion, i.e. about e^β per second), and a device that cannot
+    /// sustain it is cut to its completion rate by the first overloaded
+    /// completion.
     pub initial_target_rate_bps: u64,
     /// Floor of the target rate, bytes per second. The paper has none, but
     /// a rate of zero would stop all dispatch and hence all completions that
@@ -96,7 +99,7 @@ impl Default for GimbalConfig {
             write_cost_decrement: 0.5,
             write_cost_update_interval_us: 1000,
             token_bucket_bytes: 256 * KIB,
-            initial_target_rate_bps: 64 * MIB,
+            initial_target_rate_bps: 1024 * MIB,
             min_target_rate_bps: MIB,
             max_target_rate_bps: 64 * 1024 * MIB,
             completion_rate_window_us: 5000,

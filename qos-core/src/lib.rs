@@ -14,6 +14,8 @@
 //! - [`switch`]: the per-device pipeline that wires them together, and the
 //!   virtual view (§3.7)
 //!
+//! - [`ssd_model`]: a deterministic SSD model for simulations
+//!
 //! Shared vocabulary: [`time`], [`types`], [`config`], [`error`].
 
 pub mod config;
@@ -21,6 +23,7 @@ pub mod congestion;
 pub mod credit;
 pub mod error;
 pub mod scheduler;
+pub mod ssd_model;
 pub mod switch;
 pub mod time;
 pub mod token_bucket;

@@ -401,3 +401,6 @@ mod tests {
         assert!(s.poll_dispatch(Nanos(0)).is_none());
     }
 }
+
+#[cfg(test)]
+mod simulation;
