@@ -1,0 +1,3 @@
+//! The `gimbal-target` command.
+
+fn main() {}
