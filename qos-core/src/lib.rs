@@ -14,6 +14,13 @@
 //! - [`switch`]: the per-device pipeline that wires them together, and the
 //!   virtual view (§3.7)
 //!
+//! Client side (the ublk server):
+//! - [`credit_gate`]: in-flight limit from target credits or a latency
+//!   estimate (§3.6, Algorithm 3)
+//! - [`rate_limiter`]: IOPS/bandwidth limits with bursts (§4.3)
+//! - [`replica`]: read replica selection (§4.3)
+//!
+//! Simulation:
 //! - [`ssd_model`]: a deterministic SSD model for simulations
 //!
 //! Shared vocabulary: [`time`], [`types`], [`config`], [`error`].
@@ -21,7 +28,10 @@
 pub mod config;
 pub mod congestion;
 pub mod credit;
+pub mod credit_gate;
 pub mod error;
+pub mod rate_limiter;
+pub mod replica;
 pub mod scheduler;
 pub mod ssd_model;
 pub mod switch;
