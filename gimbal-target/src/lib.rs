@@ -13,3 +13,4 @@
 pub mod backend;
 pub mod config;
 pub mod config_error;
+pub mod pipeline;
