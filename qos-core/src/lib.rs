@@ -20,16 +20,25 @@
 //! - [`rate_limiter`]: IOPS/bandwidth limits with bursts (§4.3)
 //! - [`replica`]: read replica selection (§4.3)
 //!
+//! Priority classes:
+//! - [`priority`]: NVMe classes and the ionice → class mapping
+//! - [`class_arbiter`]: WRR (commands) and DRR (bytes) class arbitration
+//!   with urgent-first and aging
+//! - [`class_model`]: the queueing model of the ionice paper (Equations 1–3)
+//!
 //! Simulation:
 //! - [`ssd_model`]: a deterministic SSD model for simulations
 //!
 //! Shared vocabulary: [`time`], [`types`], [`config`], [`error`].
 
+pub mod class_arbiter;
+pub mod class_model;
 pub mod config;
 pub mod congestion;
 pub mod credit;
 pub mod credit_gate;
 pub mod error;
+pub mod priority;
 pub mod rate_limiter;
 pub mod replica;
 pub mod scheduler;
