@@ -167,3 +167,77 @@ mod tests {
         assert_eq!(l.max_latency(HIGH, 32.0, 0.0, 81.0), f64::INFINITY);
     }
 }
+
+#[cfg(test)]
+mod arbiter_agreement {
+    use super::*;
+    use crate::class_arbiter::{ArbiterConfig, ClassArbiter, QueueId};
+    use crate::priority::NvmeClass;
+    use crate::time::Nanos;
+
+    /// Runs the WRR arbiter against a device that executes one command per
+    /// tick, with deterministic arrivals (fractions of a command per tick)
+    /// and submission queues capped at `queue_depth` (a full queue rejects
+    /// arrivals, as the model assumes). Returns the served fraction of each
+    /// weighted class.
+    fn simulate(weights: [u32; 3], arrivals: [f64; 3], ticks: u32) -> [f64; 3] {
+        let queue_depth = 64;
+        let mut a = ClassArbiter::new(ArbiterConfig {
+            high_weight: weights[0],
+            medium_weight: weights[1],
+            low_weight: weights[2],
+            aging_threshold_us: 0,
+            ..ArbiterConfig::default()
+        })
+        .unwrap();
+        let classes = [NvmeClass::High, NvmeClass::Medium, NvmeClass::Low];
+        let mut credit = [0.0f64; 3];
+        let mut served = [0u32; 3];
+        for tick in 0..ticks {
+            for c in 0..3 {
+                credit[c] += arrivals[c];
+                while credit[c] >= 1.0 {
+                    credit[c] -= 1.0;
+                    if a.waiting(classes[c]) < queue_depth {
+                        a.enqueue(
+                            Nanos(u64::from(tick)),
+                            QueueId(c as u32),
+                            classes[c],
+                            4096,
+                            (),
+                        );
+                    }
+                }
+            }
+            if let Some(d) = a.dequeue(Nanos(u64::from(tick))) {
+                served[d.class.index() - 1] += 1;
+            }
+        }
+        served.map(|s| f64::from(s) / f64::from(ticks))
+    }
+
+    #[test]
+    fn equation_2_predicts_the_wrr_arbiter() {
+        for (weights, arrivals) in [
+            ([4, 2, 1], [1.0, 1.0, 1.0]),
+            ([4, 2, 1], [1.0, 1.0, 0.05]),
+            ([8, 4, 1], [0.2, 1.0, 1.0]),
+            ([1, 1, 1], [1.0, 0.0, 1.0]),
+        ] {
+            let model = ClassLoad {
+                weights: weights.map(f64::from),
+                arrival_rates: arrivals,
+                device_throughput: 1.0,
+            };
+            let measured = simulate(weights, arrivals, 20_000);
+            for c in 0..3 {
+                let predicted = model.throughput(c);
+                assert!(
+                    (measured[c] - predicted).abs() <= 0.1 * predicted.max(0.01),
+                    "weights {weights:?} arrivals {arrivals:?} class {c}: measured {measured:?}, predicted {:?}",
+                    model.throughputs()
+                );
+            }
+        }
+    }
+}

@@ -139,7 +139,10 @@ impl<T> GimbalSwitch<T> {
         self.scheduler.remove_tenant(tenant)
     }
 
-    /// Ingress: queues a request of `tenant` at priority level `priority`.
+    /// Ingress: queues a request of `tenant` at priority level `priority`
+    /// of its per-tenant priority queues (0 first; with the default four
+    /// levels, [`crate::priority::NvmeClass::index`] of the queue the
+    /// request arrived on is the natural choice).
     pub fn submit(
         &mut self,
         now: Nanos,
