@@ -30,6 +30,11 @@
 //! - [`ssd_model`]: a deterministic SSD model for simulations
 //!
 //! Shared vocabulary: [`time`], [`types`], [`config`], [`error`].
+//!
+//! Decisions taken where the papers are vague are written in the doc
+//! comment of the module that makes them, citing the section.
+
+#![forbid(unsafe_code)]
 
 pub mod class_arbiter;
 pub mod class_model;
