@@ -426,7 +426,9 @@ impl DiscoveryLogPage {
                 actual: b.len(),
             });
         }
-        let entries = b[DISCOVERY_RECORD_LEN..]
+        // A header-only read (NUMREC 0) may be shorter than 1024 bytes.
+        let records = b.get(DISCOVERY_RECORD_LEN..).unwrap_or_default();
+        let entries = records
             .chunks_exact(DISCOVERY_RECORD_LEN)
             .take(header.numrec as usize)
             .map(DiscoveryLogEntry::from_bytes)
