@@ -142,20 +142,17 @@ impl PduDecoder {
             return Ok(Decoded::NeedMore(COMMON_HEADER_LEN - buf.len()));
         };
         let layout = self.validate_common_header(header)?;
+        // The header digest is checked as soon as the header is in, so a
+        // corrupted header is reported without waiting for a body whose
+        // length came from that header.
+        if layout.header_digest {
+            if let Some(digested) = buf.get(..layout.hlen + DIGEST_LEN) {
+                check_header_digest(header.pdu_type, digested)?;
+            }
+        }
         let Some(pdu_bytes) = buf.get(..layout.plen) else {
             return Ok(Decoded::NeedMore(layout.plen - buf.len()));
         };
-        if layout.header_digest {
-            let computed = crc32c(&pdu_bytes[..layout.hlen]);
-            let received = get_u32(pdu_bytes, layout.hlen);
-            if computed != received {
-                return Err(ProtoError::HeaderDigestMismatch {
-                    pdu_type: header.pdu_type,
-                    computed,
-                    received,
-                });
-            }
-        }
         let pdu = parse_pdu(&layout, pdu_bytes)?;
         if layout.data_digest {
             let data = &pdu_bytes[layout.data_start..layout.data_start + layout.data_len];
@@ -379,6 +376,22 @@ impl PduDecoder {
             data_digest,
             data_start: pdo,
             data_len,
+        })
+    }
+}
+
+/// `b` is a PDU header followed by its 4-byte digest.
+fn check_header_digest(pdu_type: u8, b: &[u8]) -> Result<(), ProtoError> {
+    let hlen = b.len() - DIGEST_LEN;
+    let computed = crc32c(&b[..hlen]);
+    let received = get_u32(b, hlen);
+    if computed == received {
+        Ok(())
+    } else {
+        Err(ProtoError::HeaderDigestMismatch {
+            pdu_type,
+            computed,
+            received,
         })
     }
 }

@@ -28,6 +28,7 @@ pub mod features;
 pub mod identify;
 pub mod log_page;
 pub mod pdu;
+pub mod raw;
 pub mod sqe;
 pub mod status;
 mod wire;

@@ -358,6 +358,41 @@ impl<'a> CapsuleCmd<'a> {
     }
 }
 
+impl CapsuleCmd<'_> {
+    /// The command's data inside this capsule, as its SGL describes it.
+    ///
+    /// `Ok(None)` when the SGL is not in-capsule (data comes by R2T/H2CData,
+    /// or there is none). Otherwise the slice, or the NVMe status a target
+    /// answers with: SGL Offset Invalid or Data SGL Length Invalid when the
+    /// descriptor points outside the in-capsule data, SGL Descriptor Type
+    /// Invalid for descriptors NVMe/TCP does not use, Invalid Field when the
+    /// SQE does not select SGLs at all.
+    pub fn in_capsule_data(&self) -> Result<Option<&[u8]>, crate::status::Status> {
+        use crate::sqe::SglKind;
+        use crate::status::Status;
+        if self.sqe.psdt() == 0 {
+            return Err(Status::INVALID_FIELD.with_dnr());
+        }
+        match self.sqe.dptr.kind() {
+            SglKind::Transport { .. } if self.data.is_empty() => Ok(None),
+            // Data in the capsule that the SGL does not point at.
+            SglKind::Transport { .. } => Err(Status::INVALID_FIELD.with_dnr()),
+            SglKind::InCapsule { offset, length } => {
+                let start = usize::try_from(offset)
+                    .ok()
+                    .filter(|&s| s <= self.data.len())
+                    .ok_or(Status::SGL_OFFSET_INVALID.with_dnr())?;
+                let end = start
+                    .checked_add(length as usize)
+                    .filter(|&e| e <= self.data.len())
+                    .ok_or(Status::DATA_SGL_LENGTH_INVALID.with_dnr())?;
+                Ok(Some(&self.data[start..end]))
+            }
+            SglKind::Unsupported { .. } => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr()),
+        }
+    }
+}
+
 impl<'a> Pdu<'a> {
     /// The PDU-Type byte.
     pub fn pdu_type(&self) -> u8 {

@@ -409,3 +409,99 @@ fn short_input_asks_for_more() {
     assert!(too_long.to_vec(&EncodeConfig::default()).is_err());
     assert!(CapsuleCmd::with_data(sqe, vec![0u8; 16]).is_ok());
 }
+
+#[test]
+fn header_digest_is_checked_before_waiting_for_the_body() {
+    let enc = EncodeConfig {
+        header_digest: true,
+        ..Default::default()
+    };
+    let pdu = Pdu::H2CData(H2CData {
+        cccid: 1,
+        ttag: 1,
+        datao: 0,
+        last: true,
+        data: Cow::Owned(vec![0; 4000]),
+    });
+    let bad = nvmf_proto::raw::RawPdu::encode(&pdu, &enc)
+        .unwrap()
+        .corrupt_header_digest()
+        .into_bytes();
+    // Only the header and its digest have arrived.
+    let e = decode_err_cfg(cfg(Role::Controller, true, false, 0), &bad[..28]);
+    assert!(
+        matches!(e, ProtoError::HeaderDigestMismatch { .. }),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn raw_pdu_breaks_one_field_at_a_time() {
+    use nvmf_proto::raw::RawPdu;
+    let enc = EncodeConfig {
+        header_digest: true,
+        data_digest: true,
+        tx_pda: 0,
+    };
+    let c = cfg(Role::Host, true, true, 0);
+    let pdu = Pdu::C2HData(C2HData {
+        cccid: 3,
+        datao: 0,
+        last: true,
+        success: false,
+        data: Cow::Owned(vec![1; 16]),
+    });
+    let raw = RawPdu::encode(&pdu, &enc).unwrap();
+    // A lying DATAL with a fresh header digest: the DATAL check must fire.
+    let b = raw
+        .clone()
+        .set_u32(16, 15)
+        .refresh_header_digest()
+        .into_bytes();
+    assert_header_field(&decode_err_cfg(c, &b), "DATAL", 16);
+    // A stale header digest after the same edit: the digest check fires.
+    let b = raw.clone().set_u32(16, 15).into_bytes();
+    assert!(matches!(
+        decode_err_cfg(c, &b),
+        ProtoError::HeaderDigestMismatch { .. }
+    ));
+    let b = raw.clone().corrupt_data_digest().into_bytes();
+    assert!(matches!(
+        decode_err_cfg(c, &b),
+        ProtoError::DataDigestMismatch { command_id: 3, .. }
+    ));
+    let short = raw.truncate(30);
+    assert!(matches!(
+        PduDecoder::new(c).decode(short.as_bytes()),
+        Ok(Decoded::NeedMore(_))
+    ));
+}
+
+#[test]
+fn in_capsule_data_follows_the_sgl() {
+    use nvmf_proto::Status;
+    let sqe = IoCommand::write(1, 0, 1, SglDescriptor::transport(0))
+        .unwrap()
+        .to_sqe(1);
+    let cap = CapsuleCmd::with_data(sqe, vec![1, 2, 3, 4]).unwrap();
+    assert_eq!(cap.in_capsule_data(), Ok(Some(&[1u8, 2, 3, 4][..])));
+    let mut beyond = cap.clone();
+    beyond.sqe.dptr = SglDescriptor::in_capsule(2, 4);
+    assert_eq!(
+        beyond.in_capsule_data(),
+        Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
+    );
+    beyond.sqe.dptr = SglDescriptor::in_capsule(9, 0);
+    assert_eq!(
+        beyond.in_capsule_data(),
+        Err(Status::SGL_OFFSET_INVALID.with_dnr())
+    );
+    let read = CapsuleCmd::new(IoCommand::read(1, 0, 1, 512).unwrap().to_sqe(2));
+    assert_eq!(read.in_capsule_data(), Ok(None));
+    let mut keyed = read.clone();
+    keyed.sqe.dptr.id = 0x40;
+    assert_eq!(
+        keyed.in_capsule_data(),
+        Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr())
+    );
+}
