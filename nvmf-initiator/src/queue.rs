@@ -1,0 +1,1317 @@
+//! The sans-IO NVMe/TCP queue: one TCP connection carrying one admin or I/O
+//! queue, from ICReq to close.
+//!
+//! [`Queue`] opens no socket and reads no clock. The driver that owns the
+//! socket (the blocking driver in [`crate::blocking`], or an io_uring loop)
+//! moves bytes and time through it:
+//!
+//! ```text
+//! let mut q = Queue::new(config, now);        // queues ICReq
+//! loop {
+//!     q.submit(now, request)?;                 // any time, also before Live
+//!     while q.poll_transmit(&mut buf, LIMIT) > 0 { socket.send_all(&buf); buf.clear(); }
+//!     // wait for: socket readable, q.poll_timeout(), or new requests
+//!     q.handle_bytes(now, &received);          // on data (0 bytes read: q.handle_closed())
+//!     q.handle_timeout(now);                   // when poll_timeout() has passed
+//!     while let Some(ev) = q.poll_event() { ... }
+//! }
+//! ```
+//!
+//! Call order: after every `handle_*` or `submit`, drain `poll_transmit`
+//! (send everything it returned, in order) and `poll_event`, then re-read
+//! `poll_timeout`. Nothing happens between calls.
+//!
+//! Lifecycle: `Connecting` (ICReq sent, waiting for ICResp, then Connect
+//! sent, waiting for its response) → `Live` ([`Event::Connected`]) →
+//! `Closed` ([`Event::Failed`] once, or after [`Queue::close`]). A closed
+//! queue is never reused: the driver opens a new socket and a new
+//! [`Queue`], and moves the requests [`Queue::take_unfinished`] returns to
+//! it (or fails them) as its reconnect policy says.
+//!
+//! **Never wrong data.** Every PDU from the target is checked against the
+//! command it names: a completion for a command ID that is not outstanding
+//! (stale or duplicated: each slot's generation is part of the CID), data
+//! outside the command's buffer or out of order, an R2T for a read, a
+//! successful completion before all data arrived, a digest mismatch, a
+//! TermReq: each closes the queue with [`Event::Failed`]. Requests in
+//! flight are then returned by [`Queue::take_unfinished`], never completed
+//! with partial data.
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use nvmf_proto::command::{IoCommand, ReadWrite, WriteZeroes};
+use nvmf_proto::decoder::{Decoded, DecoderConfig, PduDecoder};
+use nvmf_proto::fabrics::{Connect, ConnectData, PriorityClass, CNTLID_DYNAMIC};
+use nvmf_proto::pdu::{CapsuleCmd, EncodeConfig, H2CData, IcReq, Negotiated, Pdu, Role, TermReq};
+use nvmf_proto::sqe::{admin_opcode, DataDirection, SglDescriptor, Sqe};
+use nvmf_proto::{ProtoError, Status};
+
+use crate::error::{ConnectRefusal, Error};
+
+/// Most blocks one Read/Write can name (NLB is 16 bits, 0's based).
+const MAX_BLOCKS_PER_COMMAND: u64 = 1 << 16;
+
+/// Settings of one queue connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Queue ID: 0 for the admin queue.
+    pub qid: u16,
+    /// Entries in the submission queue (Connect SQSIZE + 1); also the most
+    /// commands outstanding at once.
+    pub depth: u16,
+    /// Priority class sent in Connect CATTR bits 1:0 (I/O queues only; the
+    /// target uses it when weighted round robin arbitration is on).
+    pub priority: PriorityClass,
+    /// Keep alive timeout in milliseconds sent in the admin Connect.
+    pub kato_ms: u32,
+    /// Controller ID: [`CNTLID_DYNAMIC`] for the admin queue, the one the
+    /// admin Connect returned for I/O queues.
+    pub cntlid: u16,
+    /// Host NQN (the tenant identity at a Gimbal target).
+    pub host_nqn: String,
+    /// Host identifier.
+    pub host_id: [u8; 16],
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Ask for header digests in ICReq.
+    pub header_digest: bool,
+    /// Ask for data digests in ICReq.
+    pub data_digest: bool,
+    /// Bound on ICReq → Connect response.
+    pub connect_timeout: Duration,
+    /// Bound on each command (issue → completion); expiry closes the queue,
+    /// as the kernel host resets the controller on an I/O timeout.
+    pub command_timeout: Duration,
+    /// Largest data transfer of one NVMe command (from MDTS, capped by the
+    /// host); larger Read/Write requests are split.
+    pub max_transfer_bytes: u32,
+    /// Largest write carried in the command capsule (from IOCCSZ; 8 KiB on
+    /// the admin queue); larger writes wait for R2T.
+    pub in_capsule_bytes: u32,
+}
+
+impl QueueConfig {
+    /// The admin queue of a new (dynamic) controller.
+    pub fn admin(host_nqn: &str, host_id: [u8; 16], subnqn: &str, kato_ms: u32) -> Self {
+        Self {
+            qid: 0,
+            depth: 32,
+            priority: PriorityClass::Urgent,
+            kato_ms,
+            cntlid: CNTLID_DYNAMIC,
+            host_nqn: host_nqn.to_owned(),
+            host_id,
+            subnqn: subnqn.to_owned(),
+            header_digest: false,
+            data_digest: false,
+            connect_timeout: Duration::from_secs(10),
+            command_timeout: Duration::from_secs(30),
+            max_transfer_bytes: 1 << 20,
+            // NVMe-oF: the admin queue takes 8 KiB of in-capsule data.
+            in_capsule_bytes: 8192,
+        }
+    }
+
+    /// I/O queue `qid` of controller `cntlid`, otherwise like `admin`.
+    pub fn io(admin: &QueueConfig, qid: u16, cntlid: u16, depth: u16) -> Self {
+        Self {
+            qid,
+            depth,
+            priority: PriorityClass::Medium,
+            kato_ms: 0,
+            cntlid,
+            ..admin.clone()
+        }
+    }
+}
+
+/// What a request asks the controller to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Read `buf.len()` bytes from `slba` (split at the transfer limit).
+    Read {
+        /// Namespace.
+        nsid: u32,
+        /// First block.
+        slba: u64,
+        /// The namespace's block size; `buf.len()` must be a multiple.
+        block_size: u32,
+    },
+    /// Write `buf` at `slba` (split at the transfer limit).
+    Write {
+        /// Namespace.
+        nsid: u32,
+        /// First block.
+        slba: u64,
+        /// The namespace's block size; `buf.len()` must be a multiple.
+        block_size: u32,
+        /// Force Unit Access.
+        fua: bool,
+    },
+    /// Flush the volatile write cache.
+    Flush {
+        /// Namespace (FFFFFFFFh: all).
+        nsid: u32,
+    },
+    /// Write Zeroes (no data).
+    WriteZeroes {
+        /// Namespace.
+        nsid: u32,
+        /// First block.
+        slba: u64,
+        /// Number of blocks (1..=65536).
+        blocks: u32,
+        /// Deallocate the blocks if the namespace can.
+        deallocate: bool,
+    },
+    /// Any other command as an SQE (admin commands, Dataset Management,
+    /// Fabrics): sent as one command; CID and data pointer are filled in,
+    /// the direction comes from the opcode (or FCTYPE).
+    Raw(Sqe),
+}
+
+/// A request: a command, its data buffer, and a value the caller chooses
+/// to recognise the completion (a ublk tag, a job slot, ...).
+#[derive(Debug)]
+pub struct Request<B> {
+    /// What to do.
+    pub command: Command,
+    /// Data: the source of a write, the destination of a read. `None` for
+    /// commands without data. Held by the queue until completion.
+    pub buf: Option<B>,
+    /// Returned in the completion.
+    pub user_data: u64,
+}
+
+/// A finished request.
+#[derive(Debug)]
+pub struct Completion<B> {
+    /// The request's `user_data`.
+    pub user_data: u64,
+    /// NVMe status (of the first failing piece, if the request was split).
+    pub status: Status,
+    /// Completion dword 0 (command specific) of the last piece.
+    pub dw0: u32,
+    /// Completion dword 1 of the last piece: a Gimbal target's credit total
+    /// (bit 31 set) travels here; see `nvmf_proto::Cqe::gimbal_credit`.
+    pub dw1: u32,
+    /// The buffer, holding the read data after a successful read.
+    pub buf: Option<B>,
+}
+
+impl<B> Completion<B> {
+    /// The Gimbal credit total, if DW1 carries one.
+    pub fn gimbal_credit(&self) -> Option<u32> {
+        (self.dw1 & nvmf_proto::cqe::GIMBAL_CREDIT_VALID != 0)
+            .then_some(self.dw1 & !nvmf_proto::cqe::GIMBAL_CREDIT_VALID)
+    }
+}
+
+/// A request [`Queue::submit`] did not accept, handed back with the reason.
+#[derive(Debug)]
+pub struct Rejected<B> {
+    /// Why.
+    pub error: Error,
+    /// The request, untouched.
+    pub request: Request<B>,
+}
+
+/// What a queue reports to its driver.
+#[derive(Debug)]
+pub enum Event<B> {
+    /// Connect succeeded: the queue is live. `cntlid` is the controller ID
+    /// (what I/O queues of this controller must send in their Connect).
+    Connected {
+        /// Controller ID from the Connect response.
+        cntlid: u16,
+    },
+    /// A request finished (successfully or with an NVMe error status).
+    Completed(Completion<B>),
+    /// The connection is unusable; reported once. Unfinished requests are
+    /// in [`Queue::take_unfinished`]. Send what `poll_transmit` still
+    /// returns (a TermReq), then close the socket.
+    Failed(Error),
+}
+
+/// Where the queue is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueState {
+    /// ICReq sent, ICResp not yet received.
+    AwaitIcResp,
+    /// Connect sent, its response not yet received.
+    AwaitConnect,
+    /// Commands flow.
+    Live,
+    /// Failed or closed; takes no more requests.
+    Closed,
+}
+
+/// Counters of one queue (cheap to read at any time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// NVMe commands sent (after MDTS splitting).
+    pub commands: u64,
+    /// Requests completed (events delivered).
+    pub completions: u64,
+    /// Writes sent with in-capsule data.
+    pub in_capsule_writes: u64,
+    /// R2Ts received.
+    pub r2ts: u64,
+    /// C2HData PDUs that completed a command via the SUCCESS flag.
+    pub success_shortcuts: u64,
+    /// Keep Alive commands sent.
+    pub keep_alives: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Internal {
+    Connect,
+    KeepAlive,
+}
+
+enum ReqBuf<B> {
+    None,
+    User(B),
+    Internal(Vec<u8>),
+}
+
+impl<B: AsRef<[u8]> + AsMut<[u8]>> ReqBuf<B> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            ReqBuf::None => &[],
+            ReqBuf::User(b) => b.as_ref(),
+            ReqBuf::Internal(v) => v,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            ReqBuf::None => &mut [],
+            ReqBuf::User(b) => b.as_mut(),
+            ReqBuf::Internal(v) => v,
+        }
+    }
+}
+
+struct ReqState<B> {
+    user_data: u64,
+    command: Command,
+    buf: ReqBuf<B>,
+    internal: Option<Internal>,
+    /// Submission order, so unfinished requests are handed back in order.
+    seq: u64,
+    total_len: u32,
+    /// Byte offset of the next piece to issue.
+    next_offset: u32,
+    /// Pieces issued and not yet completed.
+    pieces_out: u32,
+    /// Whether every piece has been issued.
+    all_issued: bool,
+    status: Status,
+    dw0: u32,
+    dw1: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    req: usize,
+    /// Offset of this piece in the request's buffer.
+    offset: u32,
+    len: u32,
+    dir: DataDirection,
+    in_capsule: bool,
+    /// Reads: bytes received. Writes via R2T: bytes solicited.
+    done: u32,
+    deadline: Instant,
+}
+
+struct Slot {
+    generation: u16,
+    piece: Option<Piece>,
+}
+
+enum Out {
+    Bytes(Vec<u8>),
+    Capsule {
+        slot: u16,
+        sqe: Sqe,
+    },
+    H2C {
+        slot: u16,
+        ttag: u16,
+        datao: u32,
+        len: u32,
+        last: bool,
+    },
+}
+
+/// One NVMe/TCP queue connection, sans-IO; see the module documentation.
+///
+/// `B` is the data buffer type: `Vec<u8>` for the blocking driver, a
+/// handle to a ublk I/O buffer for the ublk server.
+pub struct Queue<B> {
+    cfg: QueueConfig,
+    state: QueueState,
+    ic_req: IcReq,
+    decoder: PduDecoder,
+    encode: EncodeConfig,
+    maxh2cdata: u32,
+    connect_deadline: Instant,
+    /// Bytes of a PDU that straddled two `handle_bytes` calls.
+    rx: Vec<u8>,
+    slots: Vec<Slot>,
+    free_slots: Vec<u16>,
+    slot_bits: u32,
+    reqs: Vec<Option<ReqState<B>>>,
+    free_reqs: Vec<usize>,
+    next_seq: u64,
+    /// Requests with pieces left to issue, oldest first.
+    waiting: VecDeque<usize>,
+    out: VecDeque<Out>,
+    events: VecDeque<Event<B>>,
+    keep_alive: Option<KeepAlive>,
+    cntlid: u16,
+    stats: QueueStats,
+}
+
+struct KeepAlive {
+    period: Duration,
+    timeout: Duration,
+    next_send: Instant,
+    outstanding: bool,
+}
+
+impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
+    /// A queue that starts by sending ICReq (see [`Queue::poll_transmit`]).
+    pub fn new(cfg: QueueConfig, now: Instant) -> Self {
+        let depth = cfg.depth.max(1);
+        let slot_bits = u32::from(depth).next_power_of_two().trailing_zeros().max(1);
+        let ic_req = IcReq {
+            hpda: 0,
+            header_digest: cfg.header_digest,
+            data_digest: cfg.data_digest,
+            maxr2t: 0,
+        };
+        let mut out = VecDeque::new();
+        let mut bytes = Vec::with_capacity(128);
+        // Encoding a fixed-size ICReq cannot fail.
+        let _ = Pdu::IcReq(ic_req).encode(&EncodeConfig::default(), &mut bytes);
+        out.push_back(Out::Bytes(bytes));
+        let mut dec = DecoderConfig::new(Role::Host);
+        dec.max_data_len = cfg.max_transfer_bytes.clamp(64 * 1024, 64 << 20);
+        let connect_deadline = now + cfg.connect_timeout;
+        Self {
+            slots: (0..depth)
+                .map(|_| Slot {
+                    generation: 0,
+                    piece: None,
+                })
+                .collect(),
+            // Popped from the end: slot 0 first.
+            free_slots: (0..depth).rev().collect(),
+            slot_bits,
+            cfg,
+            state: QueueState::AwaitIcResp,
+            ic_req,
+            decoder: PduDecoder::new(dec),
+            encode: EncodeConfig::default(),
+            maxh2cdata: nvmf_proto::pdu::MIN_MAXH2CDATA,
+            connect_deadline,
+            rx: Vec::new(),
+            reqs: Vec::new(),
+            free_reqs: Vec::new(),
+            next_seq: 0,
+            waiting: VecDeque::new(),
+            out,
+            events: VecDeque::new(),
+            keep_alive: None,
+            cntlid: 0,
+            stats: QueueStats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &QueueConfig {
+        &self.cfg
+    }
+
+    /// Where the queue is in its life.
+    pub fn state(&self) -> QueueState {
+        self.state
+    }
+
+    /// Whether the queue is live (Connect done, not closed).
+    pub fn is_live(&self) -> bool {
+        self.state == QueueState::Live
+    }
+
+    /// Whether the queue is closed.
+    pub fn is_closed(&self) -> bool {
+        self.state == QueueState::Closed
+    }
+
+    /// Controller ID from the Connect response (0 before).
+    pub fn cntlid(&self) -> u16 {
+        self.cntlid
+    }
+
+    /// MAXH2CDATA the target granted (4096 before ICResp).
+    pub fn maxh2cdata(&self) -> u32 {
+        self.maxh2cdata
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QueueStats {
+        self.stats
+    }
+
+    /// Requests accepted and not yet completed (including split pieces
+    /// not yet issued).
+    pub fn outstanding(&self) -> usize {
+        self.reqs.len() - self.free_reqs.len()
+    }
+
+    /// Change the transfer limits once Identify has told them (the admin
+    /// queue connects before MDTS and IOCCSZ are known).
+    pub fn set_limits(&mut self, max_transfer_bytes: u32, in_capsule_bytes: u32) {
+        self.cfg.max_transfer_bytes = max_transfer_bytes;
+        self.cfg.in_capsule_bytes = in_capsule_bytes;
+        let mut dec = *self.decoder.config();
+        dec.max_data_len = max_transfer_bytes.clamp(64 * 1024, 64 << 20);
+        self.decoder.set_config(dec);
+    }
+
+    /// Send Keep Alive every `period` from now on, each bounded by
+    /// `timeout` (use KATO/2 and KATO). Call on the admin queue once the
+    /// controller is enabled: targets reject Keep Alive before CC.EN.
+    pub fn start_keep_alive(&mut self, now: Instant, period: Duration, timeout: Duration) {
+        self.keep_alive = Some(KeepAlive {
+            period,
+            timeout,
+            next_send: now + period,
+            outstanding: false,
+        });
+    }
+
+    /// Accept a request. It is issued as soon as the queue is live and has
+    /// a free command slot; Read/Write larger than the transfer limit are
+    /// split into several commands and complete once, when all have.
+    pub fn submit(&mut self, now: Instant, request: Request<B>) -> Result<(), Box<Rejected<B>>> {
+        if self.state == QueueState::Closed {
+            return Err(Box::new(Rejected {
+                error: Error::QueueClosed,
+                request,
+            }));
+        }
+        let len = request.buf.as_ref().map_or(0, |b| b.as_ref().len());
+        if let Err(e) = self.validate(&request.command, len) {
+            return Err(Box::new(Rejected { error: e, request }));
+        }
+        let buf = match request.buf {
+            Some(b) => ReqBuf::User(b),
+            None => ReqBuf::None,
+        };
+        let id = self.alloc_req(ReqState {
+            user_data: request.user_data,
+            command: request.command,
+            buf,
+            internal: None,
+            seq: 0,
+            total_len: len as u32,
+            next_offset: 0,
+            pieces_out: 0,
+            all_issued: false,
+            status: Status::SUCCESS,
+            dw0: 0,
+            dw1: 0,
+        });
+        self.waiting.push_back(id);
+        self.issue(now);
+        Ok(())
+    }
+
+    fn validate(&self, command: &Command, len: usize) -> Result<(), Error> {
+        if len > u32::MAX as usize {
+            return Err(Error::InvalidRequest("buffer larger than 4 GiB"));
+        }
+        match *command {
+            Command::Read { block_size, .. } | Command::Write { block_size, .. } => {
+                if block_size == 0 || !block_size.is_power_of_two() {
+                    return Err(Error::InvalidRequest("block size must be a power of two"));
+                }
+                if len == 0 || len % block_size as usize != 0 {
+                    return Err(Error::InvalidRequest(
+                        "buffer must be a non-zero multiple of the block size",
+                    ));
+                }
+                if self.cfg.max_transfer_bytes < block_size {
+                    return Err(Error::InvalidRequest(
+                        "transfer limit smaller than one block",
+                    ));
+                }
+            }
+            Command::Flush { .. } | Command::WriteZeroes { .. } if len != 0 => {
+                return Err(Error::InvalidRequest("command carries no data"));
+            }
+            Command::WriteZeroes { blocks, .. }
+                if blocks == 0 || u64::from(blocks) > MAX_BLOCKS_PER_COMMAND =>
+            {
+                return Err(Error::InvalidRequest("Write Zeroes of 1..=65536 blocks"));
+            }
+            Command::Raw(sqe) => match sqe.data_direction() {
+                DataDirection::None if len != 0 => {
+                    return Err(Error::InvalidRequest("opcode transfers no data"))
+                }
+                DataDirection::Bidirectional => {
+                    return Err(Error::InvalidRequest("bidirectional commands unsupported"))
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn alloc_req(&mut self, mut r: ReqState<B>) -> usize {
+        r.seq = self.next_seq;
+        self.next_seq += 1;
+        match self.free_reqs.pop() {
+            Some(id) => {
+                self.reqs[id] = Some(r);
+                id
+            }
+            None => {
+                self.reqs.push(Some(r));
+                self.reqs.len() - 1
+            }
+        }
+    }
+
+    fn cid(&self, slot: u16) -> u16 {
+        (self.slots[slot as usize].generation << self.slot_bits) | slot
+    }
+
+    fn take_slot(&mut self) -> Option<u16> {
+        let slot = self.free_slots.pop()?;
+        let s = &mut self.slots[slot as usize];
+        let gen_mask = (1u32 << (16 - self.slot_bits)) - 1;
+        s.generation = ((u32::from(s.generation) + 1) & gen_mask) as u16;
+        Some(slot)
+    }
+
+    /// Issue pieces of waiting requests while slots are free.
+    fn issue(&mut self, now: Instant) {
+        if self.state != QueueState::Live {
+            return;
+        }
+        while let Some(&id) = self.waiting.front() {
+            let Some(slot) = self.take_slot() else { return };
+            let (piece, sqe, done) = self.next_piece(id, now);
+            let cid = self.cid(slot);
+            let mut sqe = sqe;
+            sqe.cid = cid;
+            self.slots[slot as usize].piece = Some(piece);
+            self.out.push_back(Out::Capsule { slot, sqe });
+            self.stats.commands += 1;
+            if piece.in_capsule {
+                self.stats.in_capsule_writes += 1;
+            }
+            if done {
+                self.waiting.pop_front();
+            }
+        }
+    }
+
+    /// The next piece of request `id` and its SQE (CID not yet set); `true`
+    /// when it is the last one.
+    fn next_piece(&mut self, id: usize, now: Instant) -> (Piece, Sqe, bool) {
+        let max_transfer = self.cfg.max_transfer_bytes;
+        let in_capsule_limit = self.cfg.in_capsule_bytes;
+        let deadline = now + self.cfg.command_timeout;
+        let r = self.reqs[id].as_mut().expect("waiting request exists");
+        let offset = r.next_offset;
+        let (len, dir, sqe) = match r.command {
+            Command::Read {
+                nsid,
+                slba,
+                block_size,
+            }
+            | Command::Write {
+                nsid,
+                slba,
+                block_size,
+                ..
+            } => {
+                let limit =
+                    u64::from(max_transfer).min(MAX_BLOCKS_PER_COMMAND * u64::from(block_size));
+                let limit = (limit / u64::from(block_size)) * u64::from(block_size);
+                let len = u64::from(r.total_len - offset).min(limit) as u32;
+                let blocks = len / block_size;
+                let lba = slba + u64::from(offset / block_size);
+                let is_write = matches!(r.command, Command::Write { .. });
+                let sgl = if is_write && len <= in_capsule_limit {
+                    SglDescriptor::in_capsule(0, len)
+                } else {
+                    SglDescriptor::transport(len)
+                };
+                let mut rw = ReadWrite::new(nsid, lba, blocks, sgl).expect("block count checked");
+                let cmd = if let Command::Write { fua, .. } = r.command {
+                    rw.fua = fua;
+                    IoCommand::Write(rw)
+                } else {
+                    IoCommand::Read(rw)
+                };
+                let dir = if is_write {
+                    DataDirection::HostToController
+                } else {
+                    DataDirection::ControllerToHost
+                };
+                (len, dir, cmd.to_sqe(0))
+            }
+            Command::Flush { nsid } => {
+                (0, DataDirection::None, IoCommand::Flush { nsid }.to_sqe(0))
+            }
+            Command::WriteZeroes {
+                nsid,
+                slba,
+                blocks,
+                deallocate,
+            } => {
+                let wz = WriteZeroes {
+                    nsid,
+                    slba,
+                    nlb: (blocks - 1) as u16,
+                    deallocate,
+                    fua: false,
+                    limited_retry: false,
+                };
+                (0, DataDirection::None, IoCommand::WriteZeroes(wz).to_sqe(0))
+            }
+            Command::Raw(mut sqe) => {
+                let len = r.total_len;
+                let dir = if len == 0 {
+                    DataDirection::None
+                } else {
+                    sqe.data_direction()
+                };
+                sqe.dptr = match dir {
+                    DataDirection::None => SglDescriptor::null(),
+                    DataDirection::HostToController
+                        if len <= in_capsule_limit || r.internal == Some(Internal::Connect) =>
+                    {
+                        SglDescriptor::in_capsule(0, len)
+                    }
+                    _ => SglDescriptor::transport(len),
+                };
+                (len, dir, sqe)
+            }
+        };
+        let in_capsule = dir == DataDirection::HostToController
+            && sqe.dptr.kind()
+                == nvmf_proto::SglKind::InCapsule {
+                    offset: 0,
+                    length: len,
+                };
+        r.next_offset = offset + len;
+        r.pieces_out += 1;
+        let last = r.next_offset >= r.total_len;
+        if last {
+            r.all_issued = true;
+        }
+        let piece = Piece {
+            req: id,
+            offset,
+            len,
+            dir,
+            in_capsule,
+            done: 0,
+            deadline,
+        };
+        (piece, sqe, last)
+    }
+
+    /// Append PDUs to send to `buf`, whole PDUs only, until `buf` holds at
+    /// least `limit` bytes or nothing is left; returns the bytes appended.
+    pub fn poll_transmit(&mut self, buf: &mut Vec<u8>, limit: usize) -> usize {
+        let start = buf.len();
+        while buf.len() < limit.max(start + 1) {
+            let Some(out) = self.out.pop_front() else {
+                break;
+            };
+            match out {
+                Out::Bytes(b) => buf.extend_from_slice(&b),
+                Out::Capsule { slot, sqe } => {
+                    let Some(p) = self.slots[slot as usize].piece else {
+                        continue;
+                    };
+                    let Some(r) = self.reqs[p.req].as_ref() else {
+                        continue;
+                    };
+                    let data: &[u8] = if p.in_capsule {
+                        &r.buf.bytes()[p.offset as usize..(p.offset + p.len) as usize]
+                    } else {
+                        &[]
+                    };
+                    let capsule = CapsuleCmd {
+                        sqe,
+                        data: Cow::Borrowed(data),
+                    };
+                    // Lengths are bounded by u32 checks at submit; encoding
+                    // can only fail on a PLEN overflow, which they exclude.
+                    let _ = Pdu::CapsuleCmd(capsule).encode(&self.encode, buf);
+                }
+                Out::H2C {
+                    slot,
+                    ttag,
+                    datao,
+                    len,
+                    last,
+                } => {
+                    let Some(p) = self.slots[slot as usize].piece else {
+                        continue;
+                    };
+                    let Some(r) = self.reqs[p.req].as_ref() else {
+                        continue;
+                    };
+                    let from = (p.offset + datao) as usize;
+                    let data = &r.buf.bytes()[from..from + len as usize];
+                    let pdu = Pdu::H2CData(H2CData {
+                        cccid: self.cid(slot),
+                        ttag,
+                        datao,
+                        last,
+                        data: Cow::Borrowed(data),
+                    });
+                    let _ = pdu.encode(&self.encode, buf);
+                }
+            }
+        }
+        buf.len() - start
+    }
+
+    /// Whether `poll_transmit` has something to send.
+    pub fn has_transmit(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event<B>> {
+        self.events.pop_front()
+    }
+
+    /// When `handle_timeout` must be called next (connect bound, the
+    /// earliest command deadline, the next Keep Alive), if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            QueueState::Closed => None,
+            QueueState::AwaitIcResp | QueueState::AwaitConnect => Some(self.connect_deadline),
+            QueueState::Live => {
+                let slots = self
+                    .slots
+                    .iter()
+                    .filter_map(|s| s.piece.map(|p| p.deadline))
+                    .min();
+                let ka = self
+                    .keep_alive
+                    .as_ref()
+                    .filter(|k| !k.outstanding)
+                    .map(|k| k.next_send);
+                match (slots, ka) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            }
+        }
+    }
+
+    /// Act on time: connect and command timeouts close the queue; a due
+    /// Keep Alive is queued for sending.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.state {
+            QueueState::Closed => {}
+            QueueState::AwaitIcResp | QueueState::AwaitConnect => {
+                if now >= self.connect_deadline {
+                    self.fail(Error::ConnectTimeout(self.cfg.connect_timeout), None);
+                }
+            }
+            QueueState::Live => {
+                let expired = self.slots.iter().find_map(|s| {
+                    s.piece
+                        .filter(|p| p.deadline <= now)
+                        .map(|p| self.reqs[p.req].as_ref().and_then(|r| r.internal))
+                });
+                if let Some(internal) = expired {
+                    let err = match (internal, &self.keep_alive) {
+                        (Some(Internal::KeepAlive), Some(k)) => Error::KeepAliveTimeout(k.timeout),
+                        _ => Error::CommandTimeout(self.cfg.command_timeout),
+                    };
+                    self.fail(err, None);
+                    return;
+                }
+                self.maybe_keep_alive(now);
+            }
+        }
+    }
+
+    fn maybe_keep_alive(&mut self, now: Instant) {
+        let Some(k) = self.keep_alive.as_mut() else {
+            return;
+        };
+        if k.outstanding || now < k.next_send {
+            return;
+        }
+        k.outstanding = true;
+        k.next_send = now + k.period;
+        let timeout = k.timeout;
+        let id = self.alloc_req(ReqState {
+            user_data: 0,
+            command: Command::Raw(Sqe::new(admin_opcode::KEEP_ALIVE, 0)),
+            buf: ReqBuf::None,
+            internal: Some(Internal::KeepAlive),
+            seq: 0,
+            total_len: 0,
+            next_offset: 0,
+            pieces_out: 0,
+            all_issued: false,
+            status: Status::SUCCESS,
+            dw0: 0,
+            dw1: 0,
+        });
+        // Keep Alive goes ahead of waiting requests: it proves liveness.
+        self.waiting.push_front(id);
+        self.stats.keep_alives += 1;
+        self.issue(now);
+        // Its deadline is KATO, not the command timeout.
+        for s in &mut self.slots {
+            if let Some(p) = s.piece.as_mut() {
+                if p.req == id {
+                    p.deadline = now + timeout;
+                }
+            }
+        }
+    }
+
+    /// The peer closed the connection (a read returned 0 bytes).
+    pub fn handle_closed(&mut self) {
+        self.fail(Error::ConnectionClosed, None);
+    }
+
+    /// A socket error: the connection is gone.
+    pub fn handle_io_error(&mut self, e: std::io::Error) {
+        self.fail(Error::io(e), None);
+    }
+
+    /// Close the queue without an error (after Disconnect, or on shutdown);
+    /// unfinished requests stay available in `take_unfinished`.
+    pub fn close(&mut self) {
+        if self.state != QueueState::Closed {
+            self.state = QueueState::Closed;
+            self.out.clear();
+            self.clear_slots();
+        }
+    }
+
+    /// Bytes received from the socket, in order, split anywhere.
+    pub fn handle_bytes(&mut self, now: Instant, mut input: &[u8]) {
+        while self.state != QueueState::Closed {
+            if !self.rx.is_empty() {
+                // Complete the PDU that straddled the previous call, taking
+                // only as many bytes as it still needs.
+                let mut rx = std::mem::take(&mut self.rx);
+                match self.decoder.decode(&rx) {
+                    Ok(Decoded::NeedMore(n)) => {
+                        if input.is_empty() {
+                            self.rx = rx;
+                            return;
+                        }
+                        let take = n.min(input.len());
+                        rx.extend_from_slice(&input[..take]);
+                        input = &input[take..];
+                        self.rx = rx;
+                    }
+                    Ok(Decoded::Pdu { pdu, .. }) => {
+                        let r = self.handle_pdu(now, pdu);
+                        if let Err(e) = r {
+                            self.pdu_error(e, &rx);
+                        }
+                        rx.clear();
+                        self.rx = rx;
+                    }
+                    Err(e) => {
+                        self.pdu_error(Error::Protocol(e), &rx);
+                        return;
+                    }
+                }
+            } else {
+                if input.is_empty() {
+                    return;
+                }
+                match self.decoder.decode(input) {
+                    Ok(Decoded::NeedMore(_)) => {
+                        self.rx.extend_from_slice(input);
+                        return;
+                    }
+                    Ok(Decoded::Pdu { pdu, consumed }) => {
+                        if let Err(e) = self.handle_pdu(now, pdu) {
+                            self.pdu_error(e, &input[..consumed]);
+                        }
+                        input = &input[consumed..];
+                    }
+                    Err(e) => {
+                        self.pdu_error(Error::Protocol(e), input);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Close on a bad PDU; a protocol violation is answered with an
+    /// H2CTermReq naming it (and carrying the offending header).
+    fn pdu_error(&mut self, e: Error, offending: &[u8]) {
+        let term = match &e {
+            Error::Protocol(pe) => pe.termination(),
+            _ => None,
+        };
+        let term = term.map(|t| {
+            let mut b = Vec::new();
+            let _ = Pdu::term_req(Role::Host, TermReq::for_error(t, offending))
+                .encode(&EncodeConfig::default(), &mut b);
+            b
+        });
+        self.fail(e, term);
+    }
+
+    fn violation(e: ProtoError) -> Error {
+        Error::Protocol(e)
+    }
+
+    fn handle_pdu(&mut self, now: Instant, pdu: Pdu<'_>) -> Result<(), Error> {
+        match pdu {
+            Pdu::IcResp(resp) => {
+                if self.state != QueueState::AwaitIcResp {
+                    return Err(Self::violation(ProtoError::SequenceError {
+                        reason: "ICResp after initialization",
+                    }));
+                }
+                let n = Negotiated::new(&self.ic_req, &resp).map_err(Self::violation)?;
+                self.decoder.set_digests(n.header_digest, n.data_digest);
+                self.decoder.set_rx_pda(n.hpda);
+                self.encode = n.encode_config(Role::Host);
+                self.maxh2cdata = n.maxh2cdata;
+                self.send_connect(now);
+                Ok(())
+            }
+            Pdu::C2HTermReq(t) => Err(Error::TargetTerminated {
+                fes: t.fes.0,
+                fei: t.fei,
+            }),
+            Pdu::CapsuleResp(resp) => {
+                if self.state == QueueState::AwaitIcResp {
+                    return Err(Self::violation(ProtoError::SequenceError {
+                        reason: "CapsuleResp before ICResp",
+                    }));
+                }
+                let (slot, piece) = self.lookup(resp.cqe.cid)?;
+                if resp.cqe.status.is_success() && piece.dir != DataDirection::None {
+                    let complete = piece.in_capsule || piece.done == piece.len;
+                    if !complete {
+                        return Err(Self::violation(ProtoError::DataOutOfRange {
+                            command_id: resp.cqe.cid,
+                            reason: "successful completion before all data was transferred",
+                        }));
+                    }
+                }
+                self.complete_piece(
+                    now,
+                    slot,
+                    piece,
+                    resp.cqe.status,
+                    resp.cqe.dw0,
+                    resp.cqe.dw1,
+                )
+            }
+            Pdu::C2HData(d) => {
+                if self.state != QueueState::Live && self.state != QueueState::AwaitConnect {
+                    return Err(Self::violation(ProtoError::SequenceError {
+                        reason: "C2HData before ICResp",
+                    }));
+                }
+                let (slot, mut piece) = self.lookup(d.cccid)?;
+                if piece.dir != DataDirection::ControllerToHost {
+                    return Err(Self::violation(ProtoError::SequenceError {
+                        reason: "C2HData for a command that reads no data",
+                    }));
+                }
+                let len = d.data.len() as u64;
+                if u64::from(d.datao) != u64::from(piece.done) {
+                    return Err(Self::violation(ProtoError::DataOutOfRange {
+                        command_id: d.cccid,
+                        reason: "C2HData offset is not where the previous data ended",
+                    }));
+                }
+                if u64::from(d.datao) + len > u64::from(piece.len) {
+                    return Err(Self::violation(ProtoError::DataOutOfRange {
+                        command_id: d.cccid,
+                        reason: "C2HData beyond the command's buffer",
+                    }));
+                }
+                if d.last && u64::from(d.datao) + len != u64::from(piece.len) {
+                    return Err(Self::violation(ProtoError::DataOutOfRange {
+                        command_id: d.cccid,
+                        reason: "last C2HData before all data was sent",
+                    }));
+                }
+                let r = self.reqs[piece.req]
+                    .as_mut()
+                    .expect("piece's request exists");
+                let from = (piece.offset + d.datao) as usize;
+                r.buf.bytes_mut()[from..from + d.data.len()].copy_from_slice(&d.data);
+                piece.done += d.data.len() as u32;
+                self.slots[slot as usize].piece = Some(piece);
+                if d.success {
+                    self.stats.success_shortcuts += 1;
+                    self.complete_piece(now, slot, piece, Status::SUCCESS, 0, 0)?;
+                }
+                Ok(())
+            }
+            Pdu::R2T(r2t) => {
+                if self.state != QueueState::Live {
+                    return Err(Self::violation(ProtoError::SequenceError {
+                        reason: "R2T before the queue is live",
+                    }));
+                }
+                let (slot, mut piece) = self.lookup(r2t.cccid)?;
+                if piece.dir != DataDirection::HostToController || piece.in_capsule {
+                    return Err(Self::violation(ProtoError::SequenceError {
+                        reason: "R2T for a command with no data to solicit",
+                    }));
+                }
+                if r2t.r2to != piece.done
+                    || u64::from(r2t.r2to) + u64::from(r2t.r2tl) > u64::from(piece.len)
+                {
+                    return Err(Self::violation(ProtoError::DataOutOfRange {
+                        command_id: r2t.cccid,
+                        reason: "R2T range not the next unsent part of the buffer",
+                    }));
+                }
+                self.stats.r2ts += 1;
+                let end = r2t.r2to + r2t.r2tl;
+                let mut off = r2t.r2to;
+                while off < end {
+                    let len = (end - off).min(self.maxh2cdata);
+                    self.out.push_back(Out::H2C {
+                        slot,
+                        ttag: r2t.ttag,
+                        datao: off,
+                        len,
+                        last: off + len == end,
+                    });
+                    off += len;
+                }
+                piece.done = end;
+                self.slots[slot as usize].piece = Some(piece);
+                Ok(())
+            }
+            // The decoder admits only controller-to-host types for a host.
+            _ => Err(Self::violation(ProtoError::SequenceError {
+                reason: "PDU type a host never receives",
+            })),
+        }
+    }
+
+    /// The outstanding piece a CID names, or a protocol violation.
+    fn lookup(&self, cid: u16) -> Result<(u16, Piece), Error> {
+        let mask = (1u16 << self.slot_bits) - 1;
+        let slot = cid & mask;
+        let stale = || {
+            Self::violation(ProtoError::SequenceError {
+                reason: "PDU for a command ID that is not outstanding (stale or duplicate)",
+            })
+        };
+        let s = self.slots.get(slot as usize).ok_or_else(stale)?;
+        match s.piece {
+            Some(p) if cid >> self.slot_bits == s.generation => Ok((slot, p)),
+            _ => Err(stale()),
+        }
+    }
+
+    fn complete_piece(
+        &mut self,
+        now: Instant,
+        slot: u16,
+        piece: Piece,
+        status: Status,
+        dw0: u32,
+        dw1: u32,
+    ) -> Result<(), Error> {
+        self.slots[slot as usize].piece = None;
+        self.free_slots.push(slot);
+        let id = piece.req;
+        let r = self.reqs[id].as_mut().expect("piece's request exists");
+        r.pieces_out -= 1;
+        if r.status.is_success() {
+            r.status = status;
+        }
+        r.dw0 = dw0;
+        r.dw1 = dw1;
+        if !status.is_success() && !r.all_issued {
+            // Stop splitting a request that already failed.
+            r.all_issued = true;
+            self.waiting.retain(|&w| w != id);
+        }
+        if r.all_issued && r.pieces_out == 0 {
+            let r = self.reqs[id].take().expect("exists");
+            self.free_reqs.push(id);
+            match r.internal {
+                Some(Internal::Connect) => {
+                    if !r.status.is_success() {
+                        let refusal = ConnectRefusal::from_completion(r.status, r.dw0);
+                        return Err(Error::ConnectRefused(refusal));
+                    }
+                    if r.dw0 >> 16 != 0 {
+                        return Err(Error::Unsupported("in-band authentication"));
+                    }
+                    self.cntlid = r.dw0 as u16;
+                    self.state = QueueState::Live;
+                    self.events.push_back(Event::Connected {
+                        cntlid: self.cntlid,
+                    });
+                }
+                Some(Internal::KeepAlive) => {
+                    if let Some(k) = self.keep_alive.as_mut() {
+                        k.outstanding = false;
+                    }
+                    if !r.status.is_success() {
+                        return Err(Error::KeepAliveFailed(r.status));
+                    }
+                }
+                None => {
+                    self.stats.completions += 1;
+                    let buf = match r.buf {
+                        ReqBuf::User(b) => Some(b),
+                        _ => None,
+                    };
+                    self.events.push_back(Event::Completed(Completion {
+                        user_data: r.user_data,
+                        status: r.status,
+                        dw0: r.dw0,
+                        dw1: r.dw1,
+                        buf,
+                    }));
+                }
+            }
+        }
+        self.issue(now);
+        Ok(())
+    }
+
+    fn send_connect(&mut self, now: Instant) {
+        let connect = if self.cfg.qid == 0 {
+            Connect::admin(self.cfg.depth, self.cfg.kato_ms)
+        } else {
+            Connect::io(self.cfg.qid, self.cfg.depth, self.cfg.priority)
+        };
+        let data = ConnectData {
+            host_id: self.cfg.host_id,
+            cntlid: self.cfg.cntlid,
+            subnqn: self.cfg.subnqn.clone(),
+            hostnqn: self.cfg.host_nqn.clone(),
+        };
+        let data = match data.to_bytes() {
+            Ok(d) => d.to_vec(),
+            Err(e) => {
+                self.fail(
+                    Error::BadData {
+                        what: "Connect data (NQN too long?)",
+                        source: e,
+                    },
+                    None,
+                );
+                return;
+            }
+        };
+        let id = self.alloc_req(ReqState {
+            user_data: 0,
+            command: Command::Raw(connect.to_sqe(0)),
+            total_len: data.len() as u32,
+            buf: ReqBuf::Internal(data),
+            internal: Some(Internal::Connect),
+            seq: 0,
+            next_offset: 0,
+            pieces_out: 0,
+            all_issued: false,
+            status: Status::SUCCESS,
+            dw0: 0,
+            dw1: 0,
+        });
+        self.state = QueueState::Live;
+        self.waiting.push_front(id);
+        // Issue just the Connect: user requests wait for its answer.
+        let rest: VecDeque<usize> = self.waiting.drain(1..).collect();
+        self.issue(now);
+        self.waiting = rest;
+        self.state = QueueState::AwaitConnect;
+    }
+
+    fn clear_slots(&mut self) {
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if let Some(p) = s.piece.take() {
+                self.free_slots.push(i as u16);
+                if let Some(r) = self.reqs[p.req].as_mut() {
+                    r.pieces_out = r.pieces_out.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, err: Error, term: Option<Vec<u8>>) {
+        if self.state == QueueState::Closed {
+            return;
+        }
+        log::debug!("queue {}: closed: {err}", self.cfg.qid);
+        self.state = QueueState::Closed;
+        self.out.clear();
+        if let Some(t) = term {
+            self.out.push_back(Out::Bytes(t));
+        }
+        self.clear_slots();
+        self.events.push_back(Event::Failed(err));
+    }
+
+    /// After the queue closed: every user request that did not complete, in
+    /// submission order, with its buffer, to resubmit on a new connection or
+    /// to fail. A request split into several commands comes back whole (its
+    /// completed pieces are redone: reads and writes are idempotent).
+    pub fn take_unfinished(&mut self) -> Vec<Request<B>> {
+        if self.state != QueueState::Closed {
+            return Vec::new();
+        }
+        self.waiting.clear();
+        let mut v: Vec<(u64, Request<B>)> = Vec::new();
+        for (id, r) in self.reqs.iter_mut().enumerate() {
+            if let Some(r) = r.take() {
+                self.free_reqs.push(id);
+                if r.internal.is_some() {
+                    continue;
+                }
+                let buf = match r.buf {
+                    ReqBuf::User(b) => Some(b),
+                    _ => None,
+                };
+                v.push((
+                    r.seq,
+                    Request {
+                        command: r.command,
+                        buf,
+                        user_data: r.user_data,
+                    },
+                ));
+            }
+        }
+        v.sort_by_key(|(s, _)| *s);
+        v.into_iter().map(|(_, r)| r).collect()
+    }
+}
