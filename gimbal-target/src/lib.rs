@@ -13,4 +13,8 @@
 pub mod backend;
 pub mod config;
 pub mod config_error;
+pub mod connection;
+pub mod controller;
 pub mod pipeline;
+pub mod server;
+pub mod target;

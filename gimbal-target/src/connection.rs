@@ -1,0 +1,1098 @@
+//! One NVMe/TCP connection (one queue of one controller).
+//!
+//! Two tasks per connection: the reader decodes PDUs, validates commands and
+//! hands I/O to the namespace pipelines; the writer encodes everything the
+//! connection sends, batching what is ready into one socket write.
+//! Completions reach the writer through a channel from whatever thread
+//! completed them, so a slow backend never blocks reading.
+//!
+//! Lifecycle: ICReq/ICResp, then a Fabrics Connect (admin queue: creates a
+//! controller; I/O queue: joins one), then commands until the host
+//! disconnects, the controller is torn down (keep-alive timeout, admin queue
+//! gone, a fatal error on any of its queues) or the target shuts down.
+//!
+//! Anything malformed or out of order ends the connection with a
+//! C2HTermReq carrying the fatal error status the specification names, and
+//! affects no other connection. Bounds: data buffers are allocated only for
+//! validated commands (at most MDTS each), and never from a length the host
+//! sent without checking it against the command.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nvmf_proto::command::{DsmRange, IoCommand, ReadWrite};
+use nvmf_proto::fabrics::{
+    connect_data_offset, connect_sqe_offset, connect_success_dw0, Connect, ConnectData,
+    ConnectInvalidParameter, FabricsCommand, CNTLID_DYNAMIC, DISCOVERY_NQN,
+};
+use nvmf_proto::pdu::{
+    C2HData, CapsuleResp, EncodeConfig, IcReq, IcResp, Negotiated, Pdu, Role, TermReq, R2T,
+};
+use nvmf_proto::sqe::admin_opcode;
+use nvmf_proto::{
+    Cqe, Decoded, DecoderConfig, ErrorAction, PduDecoder, ProtoError, SglKind, Sqe, Status,
+    Termination,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::controller::{clamp_kato, AdminOutcome, Controller, HostIdentity};
+use crate::pipeline::{IoDone, IoOp};
+use crate::target::{Namespace, Target};
+
+/// What the reader hands the writer.
+#[derive(Debug)]
+enum Outgoing {
+    Pdu(Pdu<'static>),
+    /// Digest settings for every PDU after this one.
+    Encode(EncodeConfig),
+    /// Flush and close the socket.
+    Close,
+}
+
+/// Why a connection ended (the payloads are for the log line).
+#[derive(Debug)]
+#[allow(dead_code)] // fields are read through Debug only
+enum End {
+    PeerClosed,
+    Disconnect,
+    /// We sent a C2HTermReq.
+    Fatal(String),
+    /// The host sent an H2CTermReq.
+    HostTerminated(String),
+    SocketError(std::io::Error),
+    ControllerGone,
+    Shutdown,
+}
+
+impl End {
+    /// Ends that mean the association is broken: like the Linux target, a
+    /// fatal error on any queue tears the whole controller down so that the
+    /// host resets and reconnects cleanly.
+    fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            End::Fatal(_) | End::HostTerminated(_) | End::SocketError(_)
+        )
+    }
+}
+
+/// Submission queue bookkeeping shared with completion callbacks.
+#[derive(Debug)]
+struct SqState {
+    /// Entries in the queue (SQSIZE + 1), 0 before Connect.
+    size: AtomicU16,
+    head: AtomicU16,
+    flow_control_disabled: std::sync::atomic::AtomicBool,
+    /// Commands received on this connection and not yet completed.
+    inflight: AtomicUsize,
+}
+
+/// Sends completions for one connection; cloned into pipeline callbacks.
+#[derive(Clone)]
+struct Responder {
+    tx: UnboundedSender<Outgoing>,
+    sq: Arc<SqState>,
+    target: Arc<Target>,
+}
+
+impl Responder {
+    fn sqhd(&self) -> u16 {
+        if self.sq.flow_control_disabled.load(Ordering::Relaxed) {
+            nvmf_proto::cqe::SQHD_FLOW_CONTROL_DISABLED
+        } else {
+            self.sq.head.load(Ordering::Relaxed)
+        }
+    }
+
+    fn finish_one(&self) {
+        self.sq.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.target.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Completes a command with a CQE (and optional data before it).
+    fn complete(&self, cid: u16, status: Status, dw0: u32, dw1: u32, data: Vec<u8>) {
+        if !data.is_empty() {
+            let _ = self.tx.send(Outgoing::Pdu(Pdu::C2HData(C2HData {
+                cccid: cid,
+                datao: 0,
+                last: true,
+                success: false,
+                data: data.into(),
+            })));
+        }
+        let mut cqe = Cqe::new(cid, status).with_dw0(dw0).with_sqhd(self.sqhd());
+        cqe.dw1 = dw1;
+        let _ = self
+            .tx
+            .send(Outgoing::Pdu(Pdu::CapsuleResp(CapsuleResp { cqe })));
+        self.finish_one();
+    }
+
+    fn status(&self, cid: u16, status: Status) {
+        self.complete(cid, status, 0, 0, Vec::new());
+    }
+
+    /// Completes a read: data, then either the SUCCESS shortcut (only when
+    /// the host turned SQ flow control off, since the CQE would carry SQHD,
+    /// and never when a credit must travel in dword 1) or a CQE.
+    fn complete_read(&self, cid: u16, data: Vec<u8>, credit: Option<u32>) {
+        let shortcut = credit.is_none() && self.sq.flow_control_disabled.load(Ordering::Relaxed);
+        let _ = self.tx.send(Outgoing::Pdu(Pdu::C2HData(C2HData {
+            cccid: cid,
+            datao: 0,
+            last: true,
+            success: shortcut,
+            data: data.into(),
+        })));
+        if shortcut {
+            self.finish_one();
+        } else {
+            self.complete(
+                cid,
+                Status::SUCCESS,
+                0,
+                credit.map_or(0, credit_dw1),
+                Vec::new(),
+            );
+        }
+    }
+
+    /// Completes an I/O from the pipeline.
+    fn complete_io(&self, cid: u16, is_read: bool, done: IoDone) {
+        match done.result {
+            Ok(data) if is_read => self.complete_read(cid, data, done.credit),
+            Ok(_) => self.complete(
+                cid,
+                Status::SUCCESS,
+                0,
+                done.credit.map_or(0, credit_dw1),
+                Vec::new(),
+            ),
+            Err(e) => {
+                log::warn!("I/O error on command {cid:#06x}: {e}");
+                let status = match e.kind() {
+                    std::io::ErrorKind::InvalidInput => Status::LBA_OUT_OF_RANGE.with_dnr(),
+                    _ if is_read => Status::UNRECOVERED_READ_ERROR,
+                    _ => Status::WRITE_FAULT,
+                };
+                self.complete(
+                    cid,
+                    status,
+                    0,
+                    done.credit.map_or(0, credit_dw1),
+                    Vec::new(),
+                );
+            }
+        }
+    }
+}
+
+fn credit_dw1(credit: u32) -> u32 {
+    nvmf_proto::cqe::GIMBAL_CREDIT_VALID | (credit & !nvmf_proto::cqe::GIMBAL_CREDIT_VALID)
+}
+
+/// A command waiting for its data (R2T sent).
+#[derive(Debug)]
+struct PendingData {
+    sqe: Sqe,
+    buf: Vec<u8>,
+    received: usize,
+    ttag: u16,
+    /// A data digest error hit one of its PDUs: it fails once all data is in.
+    poisoned: bool,
+}
+
+enum QueueState {
+    AwaitIcReq,
+    AwaitConnect,
+    Admin(Arc<Controller>),
+    Io(Arc<Controller>, u16),
+}
+
+struct Connection {
+    target: Arc<Target>,
+    peer: SocketAddr,
+    state: QueueState,
+    decoder: PduDecoder,
+    max_h2c_data: u32,
+    responder: Responder,
+    pending: HashMap<u16, PendingData>,
+    next_ttag: u16,
+}
+
+/// Serves one accepted connection to its end.
+pub async fn serve(stream: TcpStream, target: Arc<Target>) {
+    let peer = match stream.peer_addr() {
+        Ok(p) => p,
+        Err(_) => return,
+    };
+    let _ = stream.set_nodelay(true);
+    let (mut rd, wr) = stream.into_split();
+    let (tx, rx) = unbounded_channel();
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let limits = target.config.limits;
+    let max_h2c_data = limits.max_h2c_data_bytes;
+    let mut conn = Connection {
+        responder: Responder {
+            tx,
+            sq: Arc::new(SqState {
+                size: AtomicU16::new(0),
+                head: AtomicU16::new(0),
+                flow_control_disabled: Default::default(),
+                inflight: AtomicUsize::new(0),
+            }),
+            target: target.clone(),
+        },
+        target,
+        peer,
+        state: QueueState::AwaitIcReq,
+        decoder: PduDecoder::new(DecoderConfig {
+            // Before ICResp nothing larger than an ICReq may arrive.
+            max_data_len: 0,
+            ..DecoderConfig::new(Role::Controller)
+        }),
+        max_h2c_data,
+        pending: HashMap::new(),
+        next_ttag: 0,
+    };
+    let end = conn.read_loop(&mut rd).await;
+    conn.finish(end).await;
+    drop(conn);
+    let _ = writer.await;
+}
+
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Outgoing>) {
+    let mut config = EncodeConfig::default();
+    let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
+    while let Some(first) = rx.recv().await {
+        let mut close = false;
+        let mut msg = Some(first);
+        // Batch whatever is already queued into one write.
+        while let Some(m) = msg.take() {
+            match m {
+                Outgoing::Pdu(p) => {
+                    if let Err(e) = p.encode(&config, &mut out) {
+                        log::error!("cannot encode PDU type {:#04x}: {e}", p.pdu_type());
+                    }
+                }
+                Outgoing::Encode(c) => config = c,
+                Outgoing::Close => {
+                    close = true;
+                    break;
+                }
+            }
+            if out.len() < 1 << 20 {
+                msg = rx.try_recv().ok();
+            }
+        }
+        if !out.is_empty() {
+            if wr.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if close {
+            let _ = wr.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// Offsets in the H2CData PDU header (NVMe/TCP 1.0, 7.4.6).
+const H2C_DATAO_OFFSET: usize = 12;
+const H2C_DATAL_OFFSET: usize = 16;
+
+impl Connection {
+    fn controller(&self) -> Option<&Arc<Controller>> {
+        match &self.state {
+            QueueState::Admin(c) | QueueState::Io(c, _) => Some(c),
+            _ => None,
+        }
+    }
+
+    async fn read_loop(&mut self, rd: &mut tokio::net::tcp::OwnedReadHalf) -> End {
+        let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+        let mut start = 0usize;
+        loop {
+            let need = loop {
+                match self.decoder.decode(&buf[start..]) {
+                    Ok(Decoded::NeedMore(n)) => break n,
+                    Ok(Decoded::Pdu { pdu, consumed }) => {
+                        let result = self.handle_pdu(pdu);
+                        start += consumed;
+                        if let Err(end) = result {
+                            return end;
+                        }
+                    }
+                    Err(e) => match e.action() {
+                        ErrorAction::FailCommand {
+                            command_id,
+                            consumed,
+                        } => {
+                            let raw = buf[start..start + consumed].to_vec();
+                            start += consumed;
+                            if let Err(end) = self.data_digest_error(command_id, &raw, &e) {
+                                return end;
+                            }
+                        }
+                        ErrorAction::Terminate(t) => {
+                            let header = &buf[start..buf.len().min(start + 128)];
+                            return self.terminate(t, header, e.to_string());
+                        }
+                        ErrorAction::Close | ErrorAction::CommandStatus => {
+                            return End::Fatal(format!("closing: {e}"));
+                        }
+                    },
+                }
+            };
+            if start == buf.len() {
+                buf.clear();
+                start = 0;
+            } else if start > 0 && buf.capacity() - buf.len() < need {
+                buf.drain(..start);
+                start = 0;
+            }
+            buf.reserve(need.max(16 * 1024));
+            let teardown = self.controller().map(|c| c.teardown.clone());
+            let shutdown = self.target.shutdown.clone();
+            tokio::select! {
+                r = rd.read_buf(&mut buf) => match r {
+                    Ok(0) => return End::PeerClosed,
+                    Ok(_) => {}
+                    Err(e) => return End::SocketError(e),
+                },
+                _ = async { match &teardown { Some(t) => t.cancelled().await, None => std::future::pending().await } } => {
+                    return End::ControllerGone;
+                }
+                _ = shutdown.cancelled() => return End::Shutdown,
+            }
+        }
+    }
+
+    /// Sends a C2HTermReq and ends the connection.
+    fn terminate(&self, t: Termination, header: &[u8], why: String) -> End {
+        log::warn!(
+            "{}: fatal protocol error, terminating connection: {why}",
+            self.peer
+        );
+        let term = TermReq::for_error(t, header);
+        let _ = self
+            .responder
+            .tx
+            .send(Outgoing::Pdu(Pdu::C2HTermReq(term.into_owned())));
+        End::Fatal(why)
+    }
+
+    fn fatal(&self, fes: nvmf_proto::FatalErrorStatus, fei: u32, why: &str) -> End {
+        self.terminate(Termination { fes, fei }, &[], why.to_string())
+    }
+
+    fn handle_pdu(&mut self, pdu: Pdu<'_>) -> Result<(), End> {
+        use nvmf_proto::FatalErrorStatus as Fes;
+        match pdu {
+            Pdu::IcReq(req) => {
+                if !matches!(self.state, QueueState::AwaitIcReq) {
+                    return Err(self.fatal(Fes::PDU_SEQUENCE_ERROR, 0, "second ICReq"));
+                }
+                self.initialize(req);
+                Ok(())
+            }
+            _ if matches!(self.state, QueueState::AwaitIcReq) => {
+                Err(self.fatal(Fes::PDU_SEQUENCE_ERROR, 0, "PDU before ICReq"))
+            }
+            Pdu::H2CTermReq(t) => {
+                let why = format!(
+                    "host terminated the connection (FES {:#x}, FEI {:#x})",
+                    t.fes.0, t.fei
+                );
+                log::warn!("{}: {why}", self.peer);
+                Err(End::HostTerminated(why))
+            }
+            Pdu::CapsuleCmd(c) => self.handle_capsule(c.sqe, &c.data),
+            Pdu::H2CData(d) => self.handle_h2c_data(d.cccid, d.ttag, d.datao, d.last, &d.data),
+            // The decoder rejects controller-to-host PDU types for this role.
+            _ => Err(self.fatal(Fes::PDU_SEQUENCE_ERROR, 0, "unexpected PDU type")),
+        }
+    }
+
+    fn initialize(&mut self, req: IcReq) {
+        let resp = IcResp {
+            cpda: 0,
+            header_digest: req.header_digest,
+            data_digest: req.data_digest,
+            maxh2cdata: self.max_h2c_data,
+        };
+        let negotiated =
+            Negotiated::new(&req, &resp).expect("controller mirrors the host's digests");
+        let limits = &self.target.config.limits;
+        // Largest data one PDU may carry towards us: H2CData up to
+        // MAXH2CDATA, or in-capsule data (admin capsules carry the 1 KiB
+        // Connect data even when IOCCSZ is smaller).
+        let max_data = self
+            .max_h2c_data
+            .max(limits.in_capsule_data_bytes)
+            .max(nvmf_proto::fabrics::CONNECT_DATA_LEN as u32);
+        let _ = self.responder.tx.send(Outgoing::Pdu(Pdu::IcResp(resp)));
+        let _ = self
+            .responder
+            .tx
+            .send(Outgoing::Encode(negotiated.encode_config(Role::Controller)));
+        self.decoder
+            .set_config(negotiated.decoder_config(Role::Controller, max_data));
+        self.state = QueueState::AwaitConnect;
+    }
+
+    /// Counts a new command: SQ head moves, in-flight grows.
+    fn accept_command(&self) {
+        let size = self.responder.sq.size.load(Ordering::Relaxed).max(1);
+        let head = self.responder.sq.head.load(Ordering::Relaxed);
+        self.responder
+            .sq
+            .head
+            .store((head + 1) % size, Ordering::Relaxed);
+        self.responder.sq.inflight.fetch_add(1, Ordering::AcqRel);
+        self.target.inflight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn handle_capsule(&mut self, sqe: Sqe, data: &[u8]) -> Result<(), End> {
+        self.accept_command();
+        let r = self.responder.clone();
+        if let Some(c) = self.controller() {
+            c.touch(self.target.now_ms());
+        }
+        match &self.state {
+            QueueState::AwaitIcReq => unreachable!("checked in handle_pdu"),
+            QueueState::AwaitConnect => {
+                match (sqe.opcode, FabricsCommand::parse(&sqe)) {
+                    (admin_opcode::FABRICS, Ok(FabricsCommand::Connect(c))) => {
+                        self.handle_connect(sqe, c, data);
+                    }
+                    _ => r.status(sqe.cid, Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
+                }
+                Ok(())
+            }
+            QueueState::Admin(ctrl) => {
+                let ctrl = ctrl.clone();
+                match ctrl.handle_admin(&self.target, &sqe, data) {
+                    AdminOutcome::Reply {
+                        status,
+                        dw0,
+                        dw1,
+                        data,
+                    } => {
+                        r.complete(sqe.cid, status, dw0, dw1, data);
+                        Ok(())
+                    }
+                    // Held until an event; it does not count as in flight,
+                    // so shutdown does not wait for it.
+                    AdminOutcome::Held => {
+                        r.finish_one();
+                        Ok(())
+                    }
+                    AdminOutcome::Disconnect => {
+                        r.status(sqe.cid, Status::SUCCESS);
+                        Err(End::Disconnect)
+                    }
+                }
+            }
+            QueueState::Io(ctrl, _) => {
+                let ctrl = ctrl.clone();
+                self.handle_io(&ctrl, sqe, data)
+            }
+        }
+    }
+
+    fn handle_connect(&mut self, sqe: Sqe, c: Connect, data: &[u8]) {
+        let r = self.responder.clone();
+        let invalid = |p: ConnectInvalidParameter| {
+            r.complete(
+                sqe.cid,
+                Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
+                p.to_dw0(),
+                0,
+                Vec::new(),
+            )
+        };
+        if c.recfmt != 0 {
+            return r.status(sqe.cid, Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr());
+        }
+        let in_capsule_ok = matches!(c.sgl.kind(), SglKind::InCapsule { offset: 0, length } if length as usize == nvmf_proto::fabrics::CONNECT_DATA_LEN)
+            && data.len() == nvmf_proto::fabrics::CONNECT_DATA_LEN;
+        if !in_capsule_ok {
+            return r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+        }
+        let cd = match ConnectData::from_bytes(data) {
+            Ok(cd) => cd,
+            Err(ProtoError::InvalidField { offset, .. }) => {
+                log::warn!("{}: Connect data malformed at byte {offset}", self.peer);
+                return invalid(ConnectInvalidParameter::Data(offset as u16));
+            }
+            Err(_) => return invalid(ConnectInvalidParameter::Data(0)),
+        };
+        let limits = self.target.config.limits;
+        if c.sqsize == 0 || c.queue_depth() > limits.max_queue_size as u32 {
+            return invalid(ConnectInvalidParameter::Command(connect_sqe_offset::SQSIZE));
+        }
+        let subsystem = if cd.subnqn == DISCOVERY_NQN {
+            None
+        } else {
+            match self.target.subsystems.get(&cd.subnqn) {
+                Some(s) => Some(s.clone()),
+                None => {
+                    log::warn!(
+                        "{}: host {} asked for unknown subsystem {}",
+                        self.peer,
+                        cd.hostnqn,
+                        cd.subnqn
+                    );
+                    return invalid(ConnectInvalidParameter::Data(connect_data_offset::SUBNQN));
+                }
+            }
+        };
+        if let Some(s) = &subsystem {
+            if !s.config.host_allowed(&cd.hostnqn) {
+                log::warn!(
+                    "{}: host {} is not allowed on {}",
+                    self.peer,
+                    cd.hostnqn,
+                    cd.subnqn
+                );
+                return r.status(sqe.cid, Status::CONNECT_INVALID_HOST.with_dnr());
+            }
+        }
+        let sq = &self.responder.sq;
+        if c.qid == 0 {
+            if cd.cntlid != CNTLID_DYNAMIC {
+                return invalid(ConnectInvalidParameter::Data(connect_data_offset::CNTLID));
+            }
+            let ka = self.target.config.keep_alive;
+            let kato = clamp_kato(c.kato_ms, ka.min_ms, ka.max_ms, ka.default_ms);
+            let tenant = self.target.tenant_of(&cd.hostnqn);
+            let now = self.target.now_ms();
+            let ctrl = self.target.register_controller(|id| {
+                Arc::new(Controller::new(
+                    id,
+                    subsystem.clone(),
+                    HostIdentity {
+                        nqn: cd.hostnqn.clone(),
+                        id: cd.host_id,
+                        tenant,
+                    },
+                    c.queue_depth(),
+                    kato,
+                    now,
+                ))
+            });
+            let Some(ctrl) = ctrl else {
+                return r.status(sqe.cid, Status::CONNECT_CONTROLLER_BUSY);
+            };
+            log::info!(
+                "{}: host {} connected to {} as controller {} (KATO {} ms)",
+                self.peer,
+                cd.hostnqn,
+                ctrl.subnqn(),
+                ctrl.cntlid,
+                kato
+            );
+            spawn_keep_alive_monitor(self.target.clone(), ctrl.clone());
+            sq.size.store(c.queue_depth() as u16, Ordering::Relaxed);
+            sq.flow_control_disabled
+                .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
+            sq.head.store(1 % c.queue_depth() as u16, Ordering::Relaxed);
+            let dw0 = connect_success_dw0(ctrl.cntlid, 0);
+            self.state = QueueState::Admin(ctrl);
+            r.complete(sqe.cid, Status::SUCCESS, dw0, 0, Vec::new());
+        } else {
+            let ctrl = match self.target.controller(cd.cntlid) {
+                Some(ctrl)
+                    if ctrl.subnqn() == cd.subnqn
+                        && ctrl.host_nqn == cd.hostnqn
+                        && !ctrl.is_discovery() =>
+                {
+                    ctrl
+                }
+                _ => return invalid(ConnectInvalidParameter::Data(connect_data_offset::CNTLID)),
+            };
+            if let Err(why) = ctrl.attach_io_queue(c.qid) {
+                log::warn!("{}: I/O queue {} refused: {why}", self.peer, c.qid);
+                return invalid(ConnectInvalidParameter::Command(connect_sqe_offset::QID));
+            }
+            sq.size.store(c.queue_depth() as u16, Ordering::Relaxed);
+            sq.flow_control_disabled
+                .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
+            sq.head.store(1 % c.queue_depth() as u16, Ordering::Relaxed);
+            let dw0 = connect_success_dw0(ctrl.cntlid, 0);
+            self.state = QueueState::Io(ctrl, c.qid);
+            r.complete(sqe.cid, Status::SUCCESS, dw0, 0, Vec::new());
+        }
+    }
+
+    fn namespace(&self, ctrl: &Controller, nsid: u32) -> Option<Arc<Namespace>> {
+        ctrl.subsystem.as_ref()?.namespaces.get(&nsid).cloned()
+    }
+
+    fn handle_io(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8]) -> Result<(), End> {
+        let r = self.responder.clone();
+        let cmd = match IoCommand::parse(&sqe) {
+            Ok(c) => c,
+            Err(_) => {
+                r.status(sqe.cid, Status::INVALID_FIELD.with_dnr());
+                return Ok(());
+            }
+        };
+        if self.pending.contains_key(&sqe.cid) {
+            r.status(sqe.cid, Status::COMMAND_ID_CONFLICT.with_dnr());
+            return Ok(());
+        }
+        match cmd {
+            IoCommand::Fabrics(FabricsCommand::Disconnect(_)) => {
+                r.status(sqe.cid, Status::SUCCESS);
+                return Err(End::Disconnect);
+            }
+            IoCommand::Fabrics(_) | IoCommand::Other(_) => {
+                r.status(sqe.cid, Status::INVALID_OPCODE.with_dnr());
+            }
+            IoCommand::Read(rw) => {
+                let (ns, len) = match self.check_rw(ctrl, &rw) {
+                    Ok(v) => v,
+                    Err(s) => {
+                        r.status(sqe.cid, s);
+                        return Ok(());
+                    }
+                };
+                match rw.sgl.kind() {
+                    SglKind::Transport { length } if length as usize == len => {}
+                    SglKind::Transport { .. } => {
+                        r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                        return Ok(());
+                    }
+                    _ => {
+                        r.status(sqe.cid, Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr());
+                        return Ok(());
+                    }
+                }
+                let offset = rw.slba << ns.block_shift;
+                let cid = sqe.cid;
+                ns.pipeline.submit(
+                    ctrl.tenant,
+                    IoOp::Read { offset, len },
+                    Box::new(move |done| r.complete_io(cid, true, done)),
+                );
+            }
+            IoCommand::Write(rw) => {
+                let len = match self.check_rw(ctrl, &rw) {
+                    Ok((_, len)) => len,
+                    Err(s) => {
+                        r.status(sqe.cid, s);
+                        return Ok(());
+                    }
+                };
+                self.receive_data(ctrl, sqe, len, data);
+            }
+            IoCommand::DatasetManagement(dsm) => {
+                let len = dsm.range_count() * nvmf_proto::command::DSM_RANGE_LEN;
+                if self.namespace(ctrl, dsm.nsid).is_none() {
+                    r.status(sqe.cid, Status::INVALID_NAMESPACE.with_dnr());
+                    return Ok(());
+                }
+                self.receive_data(ctrl, sqe, len, data);
+            }
+            IoCommand::WriteZeroes(wz) => {
+                let Some(ns) = self.namespace(ctrl, wz.nsid) else {
+                    r.status(sqe.cid, Status::INVALID_NAMESPACE.with_dnr());
+                    return Ok(());
+                };
+                let blocks = wz.nlb as u64 + 1;
+                if wz
+                    .slba
+                    .checked_add(blocks)
+                    .is_none_or(|end| end > ns.size_blocks)
+                {
+                    r.status(sqe.cid, Status::LBA_OUT_OF_RANGE.with_dnr());
+                    return Ok(());
+                }
+                let cid = sqe.cid;
+                ns.pipeline.submit(
+                    ctrl.tenant,
+                    IoOp::WriteZeroes {
+                        offset: wz.slba << ns.block_shift,
+                        len: blocks << ns.block_shift,
+                    },
+                    Box::new(move |done| r.complete_io(cid, false, done)),
+                );
+            }
+            IoCommand::Flush { nsid } => self.flush(ctrl, sqe.cid, nsid),
+        }
+        Ok(())
+    }
+
+    /// Checks a Read/Write against its namespace and MDTS; returns the
+    /// namespace and the transfer length in bytes.
+    fn check_rw(
+        &self,
+        ctrl: &Controller,
+        rw: &ReadWrite,
+    ) -> Result<(Arc<Namespace>, usize), Status> {
+        let ns = self
+            .namespace(ctrl, rw.nsid)
+            .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+        let blocks = rw.block_count() as u64;
+        if rw
+            .slba
+            .checked_add(blocks)
+            .is_none_or(|end| end > ns.size_blocks)
+        {
+            return Err(Status::LBA_OUT_OF_RANGE.with_dnr());
+        }
+        let len = blocks << ns.block_shift;
+        if len > self.target.config.limits.max_data_transfer_bytes as u64 {
+            return Err(Status::INVALID_FIELD.with_dnr());
+        }
+        Ok((ns, len as usize))
+    }
+
+    /// Gets a host-to-controller command's data: in-capsule, or solicited
+    /// with an R2T (then the command waits in `pending`).
+    fn receive_data(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, len: usize, data: &[u8]) {
+        let r = self.responder.clone();
+        match sqe.dptr.kind() {
+            SglKind::InCapsule { offset, length } => {
+                if offset != 0 {
+                    return r.status(sqe.cid, Status::SGL_OFFSET_INVALID.with_dnr());
+                }
+                if length as usize != len || data.len() != len {
+                    return r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                }
+                self.execute_with_data(ctrl, sqe, data.to_vec());
+            }
+            SglKind::Transport { length } => {
+                if length as usize != len || !data.is_empty() {
+                    return r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+                }
+                let ttag = self.next_ttag;
+                self.next_ttag = self.next_ttag.wrapping_add(1);
+                self.pending.insert(
+                    sqe.cid,
+                    PendingData {
+                        sqe,
+                        buf: vec![0u8; len],
+                        received: 0,
+                        ttag,
+                        poisoned: false,
+                    },
+                );
+                let _ = r.tx.send(Outgoing::Pdu(Pdu::R2T(R2T {
+                    cccid: sqe.cid,
+                    ttag,
+                    r2to: 0,
+                    r2tl: len as u32,
+                })));
+            }
+            SglKind::Unsupported { .. } => {
+                r.status(sqe.cid, Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr())
+            }
+        }
+    }
+
+    fn handle_h2c_data(
+        &mut self,
+        cccid: u16,
+        ttag: u16,
+        datao: u32,
+        last: bool,
+        data: &[u8],
+    ) -> Result<(), End> {
+        use nvmf_proto::FatalErrorStatus as Fes;
+        // H2CData before Connect, for a read, or for an unknown command all
+        // land here: no pending transfer has that CCCID.
+        let Some(p) = self.pending.get_mut(&cccid) else {
+            return Err(self.fatal(
+                Fes::INVALID_HEADER_FIELD,
+                8,
+                "H2CData for a command that solicited no data",
+            ));
+        };
+        if p.ttag != ttag {
+            return Err(self.fatal(
+                Fes::INVALID_HEADER_FIELD,
+                10,
+                "H2CData with a wrong transfer tag",
+            ));
+        }
+        if data.len() > self.max_h2c_data as usize {
+            return Err(self.fatal(
+                Fes::DATA_TRANSFER_LIMIT_EXCEEDED,
+                0,
+                "H2CData above MAXH2CDATA",
+            ));
+        }
+        let end = datao as usize + data.len();
+        if datao as usize != p.received || end > p.buf.len() {
+            return Err(self.fatal(
+                Fes::DATA_TRANSFER_OUT_OF_RANGE,
+                0,
+                "H2CData outside the solicited range",
+            ));
+        }
+        if last != (end == p.buf.len()) {
+            return Err(self.fatal(
+                Fes::PDU_SEQUENCE_ERROR,
+                0,
+                "H2CData LAST_PDU flag does not match the transfer",
+            ));
+        }
+        p.buf[datao as usize..end].copy_from_slice(data);
+        p.received = end;
+        if end == p.buf.len() {
+            self.data_complete(cccid);
+        }
+        Ok(())
+    }
+
+    fn data_complete(&mut self, cccid: u16) {
+        let Some(p) = self.pending.remove(&cccid) else {
+            return;
+        };
+        if p.poisoned {
+            self.responder
+                .status(cccid, Status::TRANSIENT_TRANSPORT_ERROR);
+            return;
+        }
+        if let Some(ctrl) = self.controller().cloned() {
+            self.execute_with_data(&ctrl, p.sqe, p.buf);
+        }
+    }
+
+    /// A data digest mismatch: the command fails, the connection stays (the
+    /// data is damaged, not the framing). For H2CData the transfer goes on
+    /// until its end, so the framing of later PDUs stays in step.
+    fn data_digest_error(&mut self, cid: u16, raw: &[u8], e: &ProtoError) -> Result<(), End> {
+        use nvmf_proto::FatalErrorStatus as Fes;
+        log::warn!("{}: {e}", self.peer);
+        let is_h2c = raw.first() == Some(&nvmf_proto::pdu::pdu_type::H2C_DATA);
+        if !is_h2c {
+            // A capsule whose in-capsule data is damaged: fail it unexecuted.
+            self.accept_command();
+            self.responder
+                .status(cid, Status::TRANSIENT_TRANSPORT_ERROR);
+            return Ok(());
+        }
+        let word =
+            |o: usize| u32::from_le_bytes([raw[o], raw[o + 1], raw[o + 2], raw[o + 3]]) as usize;
+        if raw.len() < H2C_DATAL_OFFSET + 4 {
+            return Err(self.fatal(Fes::INVALID_HEADER_FIELD, 0, "short H2CData"));
+        }
+        let (datao, datal) = (word(H2C_DATAO_OFFSET), word(H2C_DATAL_OFFSET));
+        let Some(p) = self.pending.get_mut(&cid) else {
+            return Err(self.fatal(
+                Fes::INVALID_HEADER_FIELD,
+                8,
+                "H2CData for a command that solicited no data",
+            ));
+        };
+        if datao != p.received || datao + datal > p.buf.len() {
+            return Err(self.fatal(
+                Fes::DATA_TRANSFER_OUT_OF_RANGE,
+                0,
+                "H2CData outside the solicited range",
+            ));
+        }
+        p.poisoned = true;
+        p.received = datao + datal;
+        if p.received == p.buf.len() {
+            self.data_complete(cid);
+        }
+        Ok(())
+    }
+
+    fn execute_with_data(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: Vec<u8>) {
+        let r = self.responder.clone();
+        let cid = sqe.cid;
+        match IoCommand::parse(&sqe) {
+            Ok(IoCommand::Write(rw)) => {
+                let Some(ns) = self.namespace(ctrl, rw.nsid) else {
+                    return r.status(cid, Status::INVALID_NAMESPACE.with_dnr());
+                };
+                ns.pipeline.submit(
+                    ctrl.tenant,
+                    IoOp::Write {
+                        offset: rw.slba << ns.block_shift,
+                        data,
+                        fua: rw.fua,
+                    },
+                    Box::new(move |done| r.complete_io(cid, false, done)),
+                );
+            }
+            Ok(IoCommand::DatasetManagement(dsm)) => {
+                let Some(ns) = self.namespace(ctrl, dsm.nsid) else {
+                    return r.status(cid, Status::INVALID_NAMESPACE.with_dnr());
+                };
+                let ranges = match DsmRange::decode_list(&data, dsm.range_count()) {
+                    Ok(r) => r,
+                    Err(_) => return r.status(cid, Status::INVALID_FIELD.with_dnr()),
+                };
+                if !dsm.deallocate() || !ns.info.discard {
+                    // Hints only: nothing to do.
+                    return r.status(cid, Status::SUCCESS);
+                }
+                let mut byte_ranges = Vec::with_capacity(ranges.len());
+                for range in ranges {
+                    let blocks = range.block_count as u64;
+                    if range
+                        .slba
+                        .checked_add(blocks)
+                        .is_none_or(|end| end > ns.size_blocks)
+                    {
+                        return r.status(cid, Status::LBA_OUT_OF_RANGE.with_dnr());
+                    }
+                    if blocks > 0 {
+                        byte_ranges.push((range.slba << ns.block_shift, blocks << ns.block_shift));
+                    }
+                }
+                ns.pipeline.submit(
+                    ctrl.tenant,
+                    IoOp::Discard {
+                        ranges: byte_ranges,
+                    },
+                    Box::new(move |done| r.complete_io(cid, false, done)),
+                );
+            }
+            _ => r.status(cid, Status::INTERNAL_ERROR),
+        }
+    }
+
+    /// Flush one namespace, or all of them (NSID FFFFFFFFh); completes when
+    /// every backend has flushed, with the first error if any.
+    fn flush(&self, ctrl: &Arc<Controller>, cid: u16, nsid: u32) {
+        let r = self.responder.clone();
+        let targets: Vec<Arc<Namespace>> = match (&ctrl.subsystem, nsid) {
+            (Some(s), 0xFFFF_FFFF) => s.namespaces.values().cloned().collect(),
+            _ => match self.namespace(ctrl, nsid) {
+                Some(ns) => vec![ns],
+                None => return r.status(cid, Status::INVALID_NAMESPACE.with_dnr()),
+            },
+        };
+        if targets.is_empty() {
+            return r.status(cid, Status::SUCCESS);
+        }
+        let remaining = Arc::new(AtomicUsize::new(targets.len()));
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for ns in targets {
+            let (r, remaining, failed) = (r.clone(), remaining.clone(), failed.clone());
+            ns.pipeline.submit(
+                ctrl.tenant,
+                IoOp::Flush,
+                Box::new(move |done| {
+                    if let Err(e) = &done.result {
+                        log::warn!("flush failed: {e}");
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        let status = if failed.load(Ordering::Relaxed) {
+                            Status::WRITE_FAULT
+                        } else {
+                            Status::SUCCESS
+                        };
+                        r.complete(
+                            cid,
+                            status,
+                            0,
+                            done.credit.map_or(0, credit_dw1),
+                            Vec::new(),
+                        );
+                    }
+                }),
+            );
+        }
+    }
+
+    async fn finish(&mut self, end: End) {
+        // Commands waiting for data will never get it.
+        for (_, _p) in self.pending.drain() {
+            self.responder.finish_one();
+        }
+        match &end {
+            End::PeerClosed | End::Disconnect | End::Shutdown | End::ControllerGone => {
+                log::debug!("{}: connection ended: {end:?}", self.peer)
+            }
+            _ => log::warn!("{}: connection ended: {end:?}", self.peer),
+        }
+        match &self.state {
+            QueueState::Admin(ctrl) => {
+                // The admin queue is the association: without it the
+                // controller is gone.
+                ctrl.drop_pending_aers();
+                teardown(&self.target, ctrl, "admin queue closed");
+            }
+            QueueState::Io(ctrl, qid) => {
+                ctrl.detach_io_queue(*qid);
+                if end.is_fatal() {
+                    teardown(&self.target, ctrl, "fatal error on an I/O queue");
+                }
+            }
+            _ => {}
+        }
+        // Let in-flight commands complete (their completions go out before
+        // the close) unless the socket is already broken. Bounded: a backend
+        // stuck for longer is not worth hanging shutdown for.
+        if !matches!(end, End::SocketError(_)) {
+            for _ in 0..1000 {
+                if self.responder.sq.inflight.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let _ = self.responder.tx.send(Outgoing::Close);
+    }
+}
+
+/// Tears a controller down once: every connection of it closes.
+fn teardown(target: &Target, ctrl: &Controller, why: &str) {
+    if !ctrl.teardown.is_cancelled() {
+        ctrl.teardown.cancel();
+        target.unregister_controller(ctrl.cntlid);
+        log::info!(
+            "controller {} of host {} on {} torn down: {why}",
+            ctrl.cntlid,
+            ctrl.host_nqn,
+            ctrl.subnqn()
+        );
+    }
+}
+
+/// Watches a controller's keep-alive timer; tears it down when the host
+/// stays silent for longer than KATO.
+fn spawn_keep_alive_monitor(target: Arc<Target>, ctrl: Arc<Controller>) {
+    tokio::spawn(async move {
+        loop {
+            let kato = ctrl.kato_ms() as u64;
+            // Check several times per KATO so expiry is noticed promptly.
+            let tick = if kato == 0 {
+                1000
+            } else {
+                (kato / 4).clamp(10, 1000)
+            };
+            tokio::select! {
+                _ = ctrl.teardown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(tick)) => {}
+            }
+            if ctrl.keep_alive_expired(target.now_ms()) {
+                log::warn!(
+                    "controller {} of host {}: keep-alive timeout ({} ms)",
+                    ctrl.cntlid,
+                    ctrl.host_nqn,
+                    kato
+                );
+                teardown(&target, &ctrl, "keep-alive timeout");
+                return;
+            }
+        }
+    });
+}

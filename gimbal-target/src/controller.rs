@@ -1,0 +1,613 @@
+//! One NVMe controller: the state a host association has (registers,
+//! features, I/O queues, keep-alive) and the admin command set.
+//!
+//! Admin commands are answered here as pure functions of the controller and
+//! target state; the connection driver only moves bytes. Controllers use the
+//! dynamic model: the target picks the ID at admin Connect, and I/O queue
+//! Connects name it.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nvmf_proto::command::{
+    cns, log_id, AdminCommand, GetFeatures, GetLogPage, Identify, SetFeatures,
+};
+use nvmf_proto::fabrics::{
+    arbitration_mechanism, property, Capabilities, ControllerConfiguration, ControllerStatus,
+    FabricsCommand, PropertySize, Version, DISCOVERY_NQN,
+};
+use nvmf_proto::features::{feature_id, Arbitration, NumberOfQueues};
+use nvmf_proto::identify::{
+    controller_type, oncs, sgls, vwc, ActiveNamespaceList, IdentifyController, IdentifyNamespace,
+    LbaFormat, NamespaceIdDescriptor, CTRATT_HOST_ID_128,
+};
+use nvmf_proto::log_page::{
+    adrfam, copy_window, subtype, tcp_sectype, treq, trtype, DiscoveryLogEntry, DiscoveryLogPage,
+    SmartLog, ERROR_LOG_ENTRY_LEN, SMART_LOG_LEN,
+};
+use nvmf_proto::{SglKind, Sqe, Status};
+use tokio_util::sync::CancellationToken;
+
+use crate::target::{Subsystem, Target};
+
+/// IEEE OUI reported in Identify Controller: none registered, so zero.
+const IEEE_OUI: [u8; 3] = [0, 0, 0];
+/// Firmware revision: the crate version, which fits the 8-byte field.
+const FIRMWARE_REVISION: &str = env!("CARGO_PKG_VERSION");
+/// Outstanding Asynchronous Event Requests allowed (AERL + 1).
+pub const AER_LIMIT: usize = 4;
+/// Error log entries kept (ELPE + 1); we keep none, but report one page.
+const ERROR_LOG_ENTRIES: usize = 1;
+/// CAP.TO: how long a host waits for CSTS.RDY, in 500 ms units (7.5 s).
+const READY_TIMEOUT_500MS: u8 = 15;
+/// Keep Alive Support granularity (KAS), in 100 ms units.
+const KEEP_ALIVE_GRANULARITY_100MS: u16 = 1;
+
+/// Mutable controller state, behind one lock (touched only by admin
+/// commands and queue connects, never on the I/O path).
+#[derive(Debug)]
+struct Registers {
+    cc: ControllerConfiguration,
+    csts: ControllerStatus,
+    kato_ms: u32,
+    /// I/O queues granted by Set Features (Number of Queues).
+    granted_io_queues: u16,
+    io_queues: BTreeSet<u16>,
+    arbitration: Arbitration,
+    /// CIDs of Asynchronous Event Requests waiting for an event.
+    pending_aers: Vec<u16>,
+}
+
+/// One controller.
+#[derive(Debug)]
+pub struct Controller {
+    /// Controller ID.
+    pub cntlid: u16,
+    /// The NVM subsystem, or `None` for a discovery controller.
+    pub subsystem: Option<Arc<Subsystem>>,
+    /// The host's NQN (the tenant identity).
+    pub host_nqn: String,
+    /// The host identifier from Connect.
+    pub host_id: [u8; 16],
+    /// The tenant index of `host_nqn`.
+    pub tenant: u32,
+    /// Admin queue size (entries).
+    pub admin_queue_size: u32,
+    regs: Mutex<Registers>,
+    last_activity_ms: AtomicU64,
+    /// Cancelled when the controller is torn down: every queue connection
+    /// of the controller closes.
+    pub teardown: CancellationToken,
+}
+
+/// What an admin command produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AdminOutcome {
+    /// Complete now: data (if any) goes to the host first (C2HData), then
+    /// the completion.
+    Reply {
+        /// Completion status.
+        status: Status,
+        /// Completion dword 0.
+        dw0: u32,
+        /// Completion dword 1 (high half of an 8-byte property).
+        dw1: u32,
+        /// Data for the host, already cut to the command's transfer length.
+        data: Vec<u8>,
+    },
+    /// An Asynchronous Event Request the controller holds until an event.
+    Held,
+    /// The host asked to disconnect this queue.
+    Disconnect,
+}
+
+impl AdminOutcome {
+    fn status(status: Status) -> Self {
+        AdminOutcome::Reply {
+            status,
+            dw0: 0,
+            dw1: 0,
+            data: Vec::new(),
+        }
+    }
+    fn ok_dw0(dw0: u32) -> Self {
+        AdminOutcome::Reply {
+            status: Status::SUCCESS,
+            dw0,
+            dw1: 0,
+            data: Vec::new(),
+        }
+    }
+}
+
+/// Who is connecting: from the Connect data, plus the tenant index.
+#[derive(Debug, Clone)]
+pub struct HostIdentity {
+    /// Host NQN.
+    pub nqn: String,
+    /// Host identifier.
+    pub id: [u8; 16],
+    /// Tenant index of the NQN.
+    pub tenant: u32,
+}
+
+impl Controller {
+    /// A new, disabled controller.
+    pub fn new(
+        cntlid: u16,
+        subsystem: Option<Arc<Subsystem>>,
+        host: HostIdentity,
+        admin_queue_size: u32,
+        kato_ms: u32,
+        now_ms: u64,
+    ) -> Self {
+        Controller {
+            cntlid,
+            subsystem,
+            host_nqn: host.nqn,
+            host_id: host.id,
+            tenant: host.tenant,
+            admin_queue_size,
+            regs: Mutex::new(Registers {
+                cc: ControllerConfiguration::from_u32(0),
+                csts: ControllerStatus::from_u32(0),
+                kato_ms,
+                granted_io_queues: 0,
+                io_queues: BTreeSet::new(),
+                arbitration: Arbitration::from_dword(0),
+                pending_aers: Vec::new(),
+            }),
+            last_activity_ms: AtomicU64::new(now_ms),
+            teardown: CancellationToken::new(),
+        }
+    }
+
+    fn regs(&self) -> std::sync::MutexGuard<'_, Registers> {
+        self.regs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this is a discovery controller.
+    pub fn is_discovery(&self) -> bool {
+        self.subsystem.is_none()
+    }
+
+    /// The subsystem NQN this controller belongs to.
+    pub fn subnqn(&self) -> &str {
+        self.subsystem.as_ref().map_or(DISCOVERY_NQN, |s| s.nqn())
+    }
+
+    /// Records host activity (any command), which defers the keep-alive
+    /// timeout. Traffic counts as keep-alive, as in the Linux target: a busy
+    /// host must never be torn down because a Keep Alive queued behind I/O.
+    pub fn touch(&self, now_ms: u64) {
+        self.last_activity_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    /// The keep-alive timeout in force (0: none).
+    pub fn kato_ms(&self) -> u32 {
+        self.regs().kato_ms
+    }
+
+    /// Whether the host has been silent for longer than KATO at `now_ms`.
+    pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
+        let kato = self.kato_ms() as u64;
+        kato != 0 && now_ms.saturating_sub(self.last_activity_ms.load(Ordering::Relaxed)) > kato
+    }
+
+    /// Whether CC.EN = 1 and CSTS.RDY = 1 (I/O queues may connect).
+    pub fn is_ready(&self) -> bool {
+        self.regs().csts.ready
+    }
+
+    /// Attaches I/O queue `qid`. Errors name what is wrong.
+    pub fn attach_io_queue(&self, qid: u16) -> Result<(), &'static str> {
+        let mut r = self.regs();
+        if !r.csts.ready {
+            return Err("controller not enabled");
+        }
+        if qid == 0 || qid > r.granted_io_queues {
+            return Err("queue ID beyond the number of queues granted");
+        }
+        if !r.io_queues.insert(qid) {
+            return Err("queue already connected");
+        }
+        Ok(())
+    }
+
+    /// Detaches I/O queue `qid` (its connection closed).
+    pub fn detach_io_queue(&self, qid: u16) {
+        self.regs().io_queues.remove(&qid);
+    }
+
+    /// Forgets a held AER (its connection is gone).
+    pub fn drop_pending_aers(&self) {
+        self.regs().pending_aers.clear();
+    }
+
+    /// The arbitration settings the host chose (CC.AMS, Arbitration feature).
+    pub fn arbitration(&self) -> (u8, Arbitration) {
+        let r = self.regs();
+        (r.cc.ams, r.arbitration)
+    }
+
+    /// CAP as this target reports it.
+    pub fn capabilities(target: &Target) -> Capabilities {
+        Capabilities {
+            mqes: target.config.limits.max_queue_size - 1,
+            cqr: true,
+            ams: 0,
+            timeout_500ms: READY_TIMEOUT_500MS,
+            dstrd: 0,
+            nssrs: false,
+            css: 1,
+            bps: false,
+            mpsmin: 0,
+            mpsmax: 0,
+        }
+    }
+
+    /// Answers an admin-queue command. `in_data` is in-capsule data.
+    pub fn handle_admin(&self, target: &Target, sqe: &Sqe, _in_data: &[u8]) -> AdminOutcome {
+        self.touch(target.now_ms());
+        let cmd = match AdminCommand::parse(sqe) {
+            Ok(c) => c,
+            Err(_) => return AdminOutcome::status(Status::INVALID_FIELD.with_dnr()),
+        };
+        let transfer_len = match sqe.dptr.kind() {
+            SglKind::Transport { length } => length as usize,
+            _ => 0,
+        };
+        let data_reply = |data: Vec<u8>| -> AdminOutcome {
+            let mut data = data;
+            data.truncate(transfer_len);
+            AdminOutcome::Reply {
+                status: Status::SUCCESS,
+                dw0: 0,
+                dw1: 0,
+                data,
+            }
+        };
+        match cmd {
+            AdminCommand::Fabrics(f) => self.handle_fabrics(target, f),
+            AdminCommand::KeepAlive => AdminOutcome::status(Status::SUCCESS),
+            AdminCommand::AsyncEventRequest => {
+                let mut r = self.regs();
+                if r.pending_aers.len() >= AER_LIMIT {
+                    AdminOutcome::status(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED.with_dnr())
+                } else {
+                    r.pending_aers.push(sqe.cid);
+                    AdminOutcome::Held
+                }
+            }
+            _ if !self.is_ready() => {
+                AdminOutcome::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
+            }
+            AdminCommand::Identify(id) => match self.identify(target, &id) {
+                Ok(page) => data_reply(page),
+                Err(status) => AdminOutcome::status(status),
+            },
+            AdminCommand::GetLogPage(glp) => match self.log_page(target, &glp) {
+                Ok(page) => data_reply(page),
+                Err(status) => AdminOutcome::status(status),
+            },
+            AdminCommand::SetFeatures(sf) => self.set_features(target, &sf),
+            AdminCommand::GetFeatures(gf) => self.get_features(&gf),
+            AdminCommand::Other(_) => AdminOutcome::status(Status::INVALID_OPCODE.with_dnr()),
+        }
+    }
+
+    fn handle_fabrics(&self, target: &Target, f: FabricsCommand) -> AdminOutcome {
+        match f {
+            FabricsCommand::PropertyGet(pg) => {
+                let r = self.regs();
+                let value = match (pg.offset, pg.size) {
+                    (property::CAP, PropertySize::Eight) => Self::capabilities(target).to_u64(),
+                    (property::VS, PropertySize::Four) => Version::V1_4.to_u32() as u64,
+                    (property::CC, PropertySize::Four) => r.cc.to_u32() as u64,
+                    (property::CSTS, PropertySize::Four) => r.csts.to_u32() as u64,
+                    _ => return AdminOutcome::status(Status::INVALID_FIELD.with_dnr()),
+                };
+                AdminOutcome::Reply {
+                    status: Status::SUCCESS,
+                    dw0: value as u32,
+                    dw1: (value >> 32) as u32,
+                    data: Vec::new(),
+                }
+            }
+            FabricsCommand::PropertySet(ps) => {
+                if ps.offset != property::CC || ps.size != PropertySize::Four {
+                    return AdminOutcome::status(Status::INVALID_FIELD.with_dnr());
+                }
+                self.write_cc(ControllerConfiguration::from_u32(ps.value as u32));
+                AdminOutcome::status(Status::SUCCESS)
+            }
+            FabricsCommand::Disconnect(_) => AdminOutcome::Disconnect,
+            // A second Connect on a live queue.
+            FabricsCommand::Connect(_) => {
+                AdminOutcome::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
+            }
+            FabricsCommand::Other(_) => AdminOutcome::status(Status::INVALID_OPCODE.with_dnr()),
+        }
+    }
+
+    /// CC write: enabling sets CSTS.RDY, disabling clears it, a shutdown
+    /// notification completes at once (nothing is cached in the controller;
+    /// backends flush on the host's Flush).
+    fn write_cc(&self, cc: ControllerConfiguration) {
+        let mut r = self.regs();
+        let was_enabled = r.cc.enable;
+        r.cc = cc;
+        if cc.enable && !was_enabled {
+            // Only round robin (000b) is offered until class arbitration is
+            // implemented; a host asking for another mechanism gets a
+            // controller that is not ready, as the spec requires.
+            r.csts.ready = cc.ams == arbitration_mechanism::ROUND_ROBIN;
+            if !r.csts.ready {
+                r.csts.fatal = true;
+            }
+        } else if !cc.enable && was_enabled {
+            r.csts.ready = false;
+            r.csts.shst = 0;
+        }
+        if cc.shn != 0 {
+            r.csts.shst = 2;
+        }
+    }
+
+    fn identify(&self, target: &Target, id: &Identify) -> Result<Vec<u8>, Status> {
+        let page = match (id.cns, &self.subsystem) {
+            (cns::CONTROLLER, _) => self.identify_controller(target).to_bytes(),
+            (cns::NAMESPACE, Some(s)) => {
+                let ns = s
+                    .namespaces
+                    .get(&id.nsid)
+                    .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+                identify_namespace(ns).to_bytes()
+            }
+            (cns::ACTIVE_NAMESPACE_LIST, Some(s)) => ActiveNamespaceList {
+                nsids: s
+                    .namespaces
+                    .keys()
+                    .copied()
+                    .filter(|&n| n > id.nsid)
+                    .take(ActiveNamespaceList::MAX_ENTRIES)
+                    .collect(),
+            }
+            .to_bytes(),
+            (cns::NAMESPACE_ID_DESCRIPTORS, Some(s)) => {
+                let ns = s
+                    .namespaces
+                    .get(&id.nsid)
+                    .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+                NamespaceIdDescriptor::encode_list(&[
+                    NamespaceIdDescriptor::Nguid(ns.nguid),
+                    NamespaceIdDescriptor::Uuid(ns.uuid()),
+                    NamespaceIdDescriptor::Csi(0),
+                ])
+            }
+            _ => return Err(Status::INVALID_FIELD.with_dnr()),
+        };
+        page.map(|b| b.to_vec()).map_err(|_| Status::INTERNAL_ERROR)
+    }
+
+    /// Identify Controller as this controller reports it.
+    pub fn identify_controller(&self, target: &Target) -> IdentifyController {
+        let limits = &target.config.limits;
+        let mut id = IdentifyController {
+            serial_number: String::new(),
+            model_number: String::new(),
+            firmware_revision: FIRMWARE_REVISION.chars().take(8).collect(),
+            ieee: IEEE_OUI,
+            cntlid: self.cntlid,
+            ver: Version::V1_4.to_u32(),
+            subnqn: self.subnqn().to_string(),
+            kas: KEEP_ALIVE_GRANULARITY_100MS,
+            maxcmd: limits.max_queue_size,
+            sqes: 0x66,
+            cqes: 0x44,
+            sgls: sgls::SUPPORTED | sgls::KEYED | sgls::OFFSET,
+            ioccsz: (64 + limits.in_capsule_data_bytes) / 16,
+            iorcsz: 1,
+            icdoff: 0,
+            fcatt: 0,
+            msdbd: 1,
+            ctratt: CTRATT_HOST_ID_128,
+            elpe: (ERROR_LOG_ENTRIES - 1) as u8,
+            aerl: (AER_LIMIT - 1) as u8,
+            acl: 3,
+            lpa: 1 << 2, // extended data for Get Log Page (offsets)
+            ..Default::default()
+        };
+        match &self.subsystem {
+            None => {
+                id.serial_number = "GIMBALDISCOVERY".into();
+                id.model_number = "gimbal-target discovery".into();
+                id.cntrltype = controller_type::DISCOVERY;
+            }
+            Some(s) => {
+                id.serial_number = s.config.serial.clone();
+                id.model_number = s.config.model.clone();
+                id.cntrltype = controller_type::IO;
+                // Several hosts may reach one namespace through different
+                // controllers (multi-controller subsystem).
+                id.cmic = 1 << 1;
+                id.mdts = (limits.max_data_transfer_bytes / 4096).trailing_zeros() as u8;
+                id.nn = s.max_nsid();
+                id.mnan = s.max_nsid();
+                let any =
+                    |f: fn(&crate::target::Namespace) -> bool| s.namespaces.values().any(|n| f(n));
+                id.oncs = oncs::WRITE_ZEROES
+                    | if any(|n| n.info.discard) {
+                        oncs::DATASET_MANAGEMENT
+                    } else {
+                        0
+                    };
+                id.vwc = if any(|n| n.info.volatile_write_cache) {
+                    vwc::PRESENT | 0b110 // flush with NSID FFFFFFFFh supported
+                } else {
+                    0
+                };
+            }
+        }
+        id
+    }
+
+    fn log_page(&self, target: &Target, glp: &GetLogPage) -> Result<Vec<u8>, Status> {
+        let page: Vec<u8> = match glp.lid {
+            log_id::DISCOVERY if self.is_discovery() => discovery_log(target, &self.host_nqn)
+                .to_bytes()
+                .map_err(|_| Status::INTERNAL_ERROR)?,
+            log_id::ERROR_INFORMATION => vec![0u8; ERROR_LOG_ENTRY_LEN * ERROR_LOG_ENTRIES],
+            log_id::SMART_HEALTH if !self.is_discovery() => SmartLog {
+                available_spare: 100,
+                available_spare_threshold: 10,
+                composite_temperature: 300,
+                ..Default::default()
+            }
+            .to_bytes()
+            .to_vec(),
+            log_id::FIRMWARE_SLOT if !self.is_discovery() => {
+                let mut p = vec![0u8; SMART_LOG_LEN];
+                p[0] = 1; // active slot 1
+                let fr = FIRMWARE_REVISION.as_bytes();
+                p[8..8 + fr.len().min(8)].copy_from_slice(&fr[..fr.len().min(8)]);
+                p
+            }
+            _ => return Err(Status::INVALID_LOG_PAGE.with_dnr()),
+        };
+        let want = glp.data_len() as usize;
+        if glp.offset_is_index {
+            return Err(Status::INVALID_FIELD.with_dnr());
+        }
+        if glp.offset > page.len() as u64 {
+            return Err(Status::INVALID_FIELD.with_dnr());
+        }
+        let mut out = vec![0u8; want];
+        copy_window(&page, glp.offset, &mut out);
+        Ok(out)
+    }
+
+    fn set_features(&self, target: &Target, sf: &SetFeatures) -> AdminOutcome {
+        let mut r = self.regs();
+        match sf.fid {
+            feature_id::NUMBER_OF_QUEUES if !self.is_discovery() => {
+                let asked = NumberOfQueues::from_dword(sf.cdw11);
+                if asked.nsq == 0xFFFF || asked.ncq == 0xFFFF {
+                    return AdminOutcome::status(Status::INVALID_FIELD.with_dnr());
+                }
+                if !r.io_queues.is_empty() {
+                    // The count may not change once I/O queues exist.
+                    return AdminOutcome::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+                }
+                let max = target.config.limits.max_io_queues;
+                let granted = (asked.nsq.min(asked.ncq) + 1).min(max);
+                r.granted_io_queues = granted;
+                AdminOutcome::ok_dw0(NumberOfQueues::with_count(granted).to_dword())
+            }
+            feature_id::KEEP_ALIVE_TIMER => {
+                let ka = &target.config.keep_alive;
+                r.kato_ms = clamp_kato(sf.cdw11, ka.min_ms, ka.max_ms, ka.default_ms);
+                AdminOutcome::status(Status::SUCCESS)
+            }
+            feature_id::ARBITRATION if !self.is_discovery() => {
+                r.arbitration = Arbitration::from_dword(sf.cdw11);
+                AdminOutcome::status(Status::SUCCESS)
+            }
+            feature_id::ASYNC_EVENT_CONFIGURATION => AdminOutcome::status(Status::SUCCESS),
+            feature_id::VOLATILE_WRITE_CACHE if !self.is_discovery() => {
+                // The cache cannot be turned off (page cache); accept enable.
+                if sf.cdw11 & 1 == 1 {
+                    AdminOutcome::status(Status::SUCCESS)
+                } else {
+                    AdminOutcome::status(Status::FEATURE_NOT_CHANGEABLE.with_dnr())
+                }
+            }
+            _ => AdminOutcome::status(Status::INVALID_FIELD.with_dnr()),
+        }
+    }
+
+    fn get_features(&self, gf: &GetFeatures) -> AdminOutcome {
+        let r = self.regs();
+        match gf.fid {
+            feature_id::NUMBER_OF_QUEUES if !self.is_discovery() => AdminOutcome::ok_dw0(
+                NumberOfQueues::with_count(r.granted_io_queues.max(1)).to_dword(),
+            ),
+            feature_id::KEEP_ALIVE_TIMER => AdminOutcome::ok_dw0(r.kato_ms),
+            feature_id::ARBITRATION if !self.is_discovery() => {
+                AdminOutcome::ok_dw0(r.arbitration.to_dword())
+            }
+            feature_id::ASYNC_EVENT_CONFIGURATION => AdminOutcome::ok_dw0(0),
+            feature_id::VOLATILE_WRITE_CACHE if !self.is_discovery() => AdminOutcome::ok_dw0(1),
+            _ => AdminOutcome::status(Status::INVALID_FIELD.with_dnr()),
+        }
+    }
+}
+
+/// The KATO a host gets: 0 stays 0 unless a default is configured; others
+/// are clamped into the configured bounds.
+pub fn clamp_kato(asked_ms: u32, min_ms: u32, max_ms: u32, default_ms: u32) -> u32 {
+    match asked_ms {
+        0 => default_ms,
+        k => k.clamp(min_ms, max_ms),
+    }
+}
+
+/// Identify Namespace for one namespace.
+pub fn identify_namespace(ns: &crate::target::Namespace) -> IdentifyNamespace {
+    IdentifyNamespace {
+        nsze: ns.size_blocks,
+        ncap: ns.size_blocks,
+        nuse: ns.size_blocks,
+        // Deallocated blocks read back as zeros where the backend promises it.
+        dlfeat: if ns.info.discard_zeroes { 0b001 } else { 0 },
+        nsfeat: if ns.info.discard { 1 } else { 0 },
+        nmic: 1,
+        flbas: 0,
+        nguid: ns.nguid,
+        lba_formats: vec![LbaFormat::with_block_shift(ns.block_shift)],
+        ..Default::default()
+    }
+}
+
+/// The discovery log a host sees: one entry per (subsystem it may reach,
+/// listening address).
+pub fn discovery_log(target: &Target, host_nqn: &str) -> DiscoveryLogPage {
+    let addrs = target
+        .listen_addrs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let mut entries = Vec::new();
+    for s in target.subsystems.values() {
+        if !s.config.host_allowed(host_nqn) {
+            continue;
+        }
+        for (port_id, addr) in addrs.iter().enumerate() {
+            entries.push(DiscoveryLogEntry {
+                trtype: trtype::TCP,
+                adrfam: if addr.is_ipv4() {
+                    adrfam::IPV4
+                } else {
+                    adrfam::IPV6
+                },
+                subtype: subtype::NVME,
+                treq: treq::SECURE_CHANNEL_NOT_REQUIRED | treq::DISABLE_SQ_FLOW_CONTROL,
+                portid: port_id as u16 + 1,
+                cntlid: nvmf_proto::fabrics::CNTLID_DYNAMIC,
+                asqsz: 32,
+                eflags: 0,
+                trsvcid: addr.port().to_string(),
+                subnqn: s.nqn().to_string(),
+                traddr: addr.ip().to_string(),
+                tcp_sectype: tcp_sectype::NONE,
+            });
+        }
+    }
+    DiscoveryLogPage {
+        // The configuration is fixed for the life of the process.
+        genctr: 1,
+        recfmt: 0,
+        entries,
+    }
+}

@@ -1,0 +1,197 @@
+//! Listening sockets, connection tasks and orderly shutdown.
+//!
+//! Two ways in: [`run`] serves in the foreground until SIGTERM or SIGINT
+//! (the `gimbal-target run` command and its systemd unit), [`spawn`] starts
+//! a target on background threads and returns a handle (tests, benchmarks
+//! and `ublk-nvmf demo`).
+//!
+//! Shutdown is orderly: listeners close, every connection stops reading new
+//! commands, waits (bounded) for the commands it already accepted to
+//! complete and be sent, then closes; finally every backend is flushed, so
+//! an acknowledged write is durable once the process exits.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use crate::config::TargetConfig;
+use crate::target::Target;
+
+/// A target running on background threads. Dropping it shuts it down.
+#[derive(Debug)]
+pub struct TargetHandle {
+    target: Arc<Target>,
+    addrs: Vec<SocketAddr>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TargetHandle {
+    /// The addresses the target listens on (with ephemeral ports resolved).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.addrs.clone()
+    }
+
+    /// The shared target state (controllers, subsystems).
+    pub fn target(&self) -> &Arc<Target> {
+        &self.target
+    }
+
+    /// Shuts down in order (see the module docs) and waits for it.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.target.shutdown.cancel();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TargetHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(
+            std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .min(8),
+        )
+        .thread_name("gimbal-target")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+async fn bind(target: &Target) -> anyhow::Result<Vec<TcpListener>> {
+    let mut listeners = Vec::new();
+    let mut addrs = Vec::new();
+    for addr in &target.config.listen {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        addrs.push(l.local_addr()?);
+        listeners.push(l);
+    }
+    *target
+        .listen_addrs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = addrs;
+    Ok(listeners)
+}
+
+/// Accepts connections until shutdown, then drains them and flushes
+/// backends.
+async fn serve(target: Arc<Target>, listeners: Vec<TcpListener>) -> std::io::Result<()> {
+    let tracker = TaskTracker::new();
+    for l in listeners {
+        let (target, tracker2) = (target.clone(), tracker.clone());
+        tracker.spawn(async move {
+            loop {
+                tokio::select! {
+                    r = l.accept() => match r {
+                        Ok((stream, _)) => {
+                            target.connections_accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tracker2.spawn(crate::connection::serve(stream, target.clone()));
+                        }
+                        // Out of file descriptors and the like: back off
+                        // rather than spin.
+                        Err(e) => {
+                            log::warn!("accept failed: {e}");
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        }
+                    },
+                    _ = target.shutdown.cancelled() => return,
+                }
+            }
+        });
+    }
+    target.shutdown.cancelled().await;
+    tracker.close();
+    tracker.wait().await;
+    let t = target.clone();
+    tokio::task::spawn_blocking(move || t.flush_all())
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
+/// Starts a target on background threads.
+pub fn spawn(config: TargetConfig) -> anyhow::Result<TargetHandle> {
+    let target = Arc::new(Target::new(config)?);
+    let rt = runtime()?;
+    let listeners = rt.block_on(bind(&target))?;
+    let addrs = target
+        .listen_addrs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let t = target.clone();
+    let thread = std::thread::Builder::new()
+        .name("gimbal-target-main".into())
+        .spawn(move || {
+            if let Err(e) = rt.block_on(serve(t, listeners)) {
+                log::error!("flushing backends at shutdown: {e}");
+            }
+        })?;
+    Ok(TargetHandle {
+        target,
+        addrs,
+        thread: Some(thread),
+    })
+}
+
+/// Serves in the foreground until SIGTERM or SIGINT. Returns an error if
+/// the target cannot start or a backend fails to flush at shutdown.
+pub fn run(config: TargetConfig) -> anyhow::Result<()> {
+    let target = Arc::new(Target::new(config)?);
+    let rt = runtime()?;
+    rt.block_on(async {
+        let listeners = bind(&target).await?;
+        for a in target
+            .listen_addrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            log::info!("listening on {a}");
+        }
+        for s in target.subsystems.values() {
+            for n in s.namespaces.values() {
+                log::info!(
+                    "{} namespace {}: {} backend, {} blocks of {} bytes, qos {:?}",
+                    s.nqn(),
+                    n.nsid,
+                    n.config.backend.kind(),
+                    n.size_blocks,
+                    n.block_size,
+                    n.config.qos
+                );
+            }
+        }
+        let t = target.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+            let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+            tokio::select! {
+                _ = term.recv() => log::info!("SIGTERM: shutting down"),
+                _ = int.recv() => log::info!("SIGINT: shutting down"),
+            }
+            t.shutdown.cancel();
+        });
+        serve(target.clone(), listeners)
+            .await
+            .context("flushing backends at shutdown")?;
+        log::info!("stopped");
+        Ok(())
+    })
+}
