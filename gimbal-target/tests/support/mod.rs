@@ -13,8 +13,8 @@ use gimbal_target::config::TargetConfig;
 use gimbal_target::server::{spawn, TargetHandle};
 use nvmf_proto::command::{cns, AdminCommand, Identify, IoCommand};
 use nvmf_proto::fabrics::{
-    property, Connect, ConnectData, ControllerConfiguration, FabricsCommand, PriorityClass,
-    PropertyGet, PropertySet, CNTLID_DYNAMIC,
+    property, Connect, ConnectData, ControllerConfiguration, PriorityClass, PropertyGet,
+    PropertySet, CNTLID_DYNAMIC,
 };
 use nvmf_proto::features::{feature_id, NumberOfQueues};
 use nvmf_proto::pdu::{CapsuleCmd, EncodeConfig, H2CData, IcReq, IcResp, Negotiated, Pdu, Role};
