@@ -27,7 +27,10 @@
 //! - [`class_model`]: the queueing model of the ionice paper (Equations 1–3)
 //!
 //! Simulation:
-//! - [`ssd_model`]: a deterministic SSD model for simulations
+//! - [`ssd_model`]: a deterministic SSD model calibrated to the paper's
+//!   device, for simulations and the target's simulated backend
+//! - [`sim`]: a discrete-event simulation of tenants, the compared schemes
+//!   (FIFO, ReFlex, Parda, FlashFQ, Gimbal) and the paper's experiments
 //!
 //! Shared vocabulary: [`time`], [`types`], [`config`], [`error`].
 //!
@@ -47,6 +50,7 @@ pub mod priority;
 pub mod rate_limiter;
 pub mod replica;
 pub mod scheduler;
+pub mod sim;
 pub mod ssd_model;
 pub mod switch;
 pub mod time;

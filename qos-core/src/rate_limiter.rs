@@ -154,7 +154,7 @@ impl RateLimiter {
 
     fn advance(&mut self, now: Nanos) {
         let elapsed = self.last.map_or(0, |last| now.nanos_since(last));
-        if self.last.map_or(true, |last| now > last) {
+        if self.last.is_none_or(|last| now > last) {
             self.last = Some(now);
         }
         if elapsed > 0 {

@@ -698,7 +698,7 @@ trait SlotOptionExt {
 
 impl SlotOptionExt for Option<&VirtualSlot> {
     fn is_none_or_full(&self) -> bool {
-        self.map_or(true, |s| s.full)
+        self.is_none_or(|s| s.full)
     }
 }
 

@@ -70,7 +70,7 @@ impl DualTokenBucket {
             None => 0,
             Some(last) => now.nanos_since(last),
         };
-        if self.last_refill.map_or(true, |last| now > last) {
+        if self.last_refill.is_none_or(|last| now > last) {
             self.last_refill = Some(now);
         }
         if elapsed_ns == 0 || target_rate_bps <= 0.0 {
