@@ -696,9 +696,23 @@ impl Connection {
                 self.receive_data(ctrl, sqe, len, data);
             }
             IoCommand::DatasetManagement(dsm) => {
-                let len = dsm.range_count() * nvmf_proto::command::DSM_RANGE_LEN;
                 if self.namespace(ctrl, dsm.nsid).is_none() {
                     r.status(sqe.cid, Status::INVALID_NAMESPACE.with_dnr());
+                    return Ok(());
+                }
+                // The Linux host always sends a buffer of the maximum 256
+                // ranges whatever NR says: accept any length from NR+1
+                // ranges up to that, and read only NR+1 of them.
+                let needed = dsm.range_count() * nvmf_proto::command::DSM_RANGE_LEN;
+                let max = nvmf_proto::command::DSM_MAX_RANGES * nvmf_proto::command::DSM_RANGE_LEN;
+                let len = match sqe.dptr.kind() {
+                    SglKind::InCapsule { length, .. } | SglKind::Transport { length } => {
+                        length as usize
+                    }
+                    SglKind::Unsupported { .. } => needed,
+                };
+                if len < needed || len > max {
+                    r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
                     return Ok(());
                 }
                 self.receive_data(ctrl, sqe, len, data);
