@@ -18,9 +18,10 @@
 //! - **Write buffer.** A write crosses the link, lands in a DRAM buffer of
 //!   `write_buffer_bytes` and completes (`buffer_write_ns`). Buffered data is
 //!   programmed in `program_unit_bytes` units (`program_ns` of die time)
-//!   in the background, one die operation at a time and only when the die
-//!   has no read waiting (reads first, as firmware with program suspend
-//!   and read-priority queues does). A write that finds the buffer full
+//!   in the background, in slices of at most `flush_slice_ns` and only
+//!   when the die has no read waiting: reads first, and a read waits at
+//!   most one slice for background work (firmware with read-priority
+//!   queues and program/erase suspend). A write that finds the buffer full
 //!   forces the flush it needs onto the dies and waits for it: bursts are
 //!   absorbed, sustained writes get the NAND's real speed and take die
 //!   time from reads only as fast as they need buffer space.
@@ -110,6 +111,10 @@ pub struct SsdModelConfig {
     pub write_buffer_bytes: u64,
     /// Time to place a write's data into the buffer. Default 5 µs.
     pub buffer_write_ns: u64,
+    /// Longest stretch of background flush work (GC copy or program) a die
+    /// does before a queued read may go: program/erase suspend. Default
+    /// 50 µs.
+    pub flush_slice_ns: u64,
     /// Device state: 0 = clean (sequentially preconditioned), 1 = fully
     /// fragmented (random-write preconditioned). Default 0.
     pub fragmentation: f64,
@@ -151,6 +156,7 @@ impl SsdModelConfig {
             command_overhead_ns: 8_000,
             write_buffer_bytes: 4 * MIB,
             buffer_write_ns: 5_000,
+            flush_slice_ns: 50_000,
             fragmentation: 0.0,
             gc_victim_valid_ratio_max: 0.8,
             state_change_bytes: 960_000_000_000,
@@ -191,6 +197,7 @@ impl SsdModelConfig {
         }
         check_nonzero("read_sense_ns", self.read_sense_ns)?;
         check_nonzero("program_ns", self.program_ns)?;
+        check_nonzero("flush_slice_ns", self.flush_slice_ns)?;
         check_nonzero(
             "die_transfer_bytes_per_sec",
             self.die_transfer_bytes_per_sec,
@@ -281,7 +288,8 @@ impl Timeline {
 /// first, then the program itself.
 #[derive(Clone, Copy, Debug)]
 struct FlushJob {
-    gc_copies_left: u32,
+    /// Die time still to spend on the job (GC copies, then the program).
+    remaining_ns: u64,
     pages: u64,
     /// End of the job's latest operation (or when its data was ready).
     ready: u64,
@@ -535,16 +543,31 @@ impl SsdModel {
     /// that is sooner or no job is running). False if nothing is left to
     /// flush.
     fn force_one_flush(&mut self, now: u64) -> bool {
+        // Estimated finish: first idle instant plus the remaining die time
+        // (gaps between queued reads only make it later for all alike).
         let running = (0..self.dies.len())
             .filter_map(|d| {
-                self.flush_jobs[d].map(|j| (self.dies[d].first_idle(j.ready.max(now)), d))
+                let job = self.flush_jobs[d]?;
+                Some((self.dies[d].first_idle(job.ready.max(now)) + job.remaining_ns, d))
             })
             .min();
-        let fresh = (!self.unscheduled_pages.is_empty()).then(|| {
-            let die = self.earliest_idle_die_without_job(now);
-            die.map(|d| (self.dies[d].first_idle(now), d))
-        });
-        let die = match (running, fresh.flatten()) {
+        let fresh = if self.unscheduled_pages.is_empty() {
+            None
+        } else {
+            // The job cannot start before its data is in the buffer.
+            let take = (self.unscheduled_pages.len() as u64).min(self.pages_per_program);
+            let ready = self
+                .unscheduled_pages
+                .iter()
+                .take(take as usize)
+                .fold(now, |a, &b| a.max(b));
+            self.earliest_idle_die_without_job(ready).map(|d| {
+                let chain_ns = self.write_amplification()
+                    * (self.config.read_sense_ns + self.config.program_ns) as f64;
+                (self.dies[d].first_idle(ready) + chain_ns as u64, d)
+            })
+        };
+        let die = match (running, fresh) {
             (Some(r), Some(f)) => {
                 if f < r {
                     f.1
@@ -587,38 +610,40 @@ impl SsdModel {
         self.gc_copy_debt += self.write_amplification() - 1.0;
         let copies = self.gc_copy_debt.floor();
         self.gc_copy_debt -= copies;
+        let copies = copies as u64;
+        let mut remaining_ns = self.jittered(self.config.program_ns)
+            + transfer_ns(
+                self.config.program_unit_bytes,
+                self.config.die_transfer_bytes_per_sec,
+            );
+        for _ in 0..copies {
+            remaining_ns += self.jittered(self.config.read_sense_ns + self.config.program_ns);
+        }
+        self.stats.gc_copies += copies;
+        self.stats.programs += 1;
         self.flush_jobs[die] = Some(FlushJob {
-            gc_copies_left: copies as u32,
+            remaining_ns,
             pages: take,
             ready,
         });
         true
     }
 
-    /// Reserves the next operation of `die`'s flush job, first fit from
-    /// when its previous one ended (and not before `not_before`); returns
-    /// the operation's start.
+    /// Reserves the next slice (at most `flush_slice_ns`) of `die`'s flush
+    /// job, first fit from when its previous slice ended (and not before
+    /// `not_before`); returns the slice's start. The last slice frees the
+    /// job's pages from the buffer when it ends.
     fn next_flush_op(&mut self, die: usize, not_before: u64) -> u64 {
         let mut job = self.flush_jobs[die].expect("a running job");
         let from = job.ready.max(not_before);
-        let ns = if job.gc_copies_left > 0 {
-            self.jittered(self.config.read_sense_ns + self.config.program_ns)
-        } else {
-            self.jittered(self.config.program_ns)
-                + transfer_ns(
-                    self.config.program_unit_bytes,
-                    self.config.die_transfer_bytes_per_sec,
-                )
-        };
+        let ns = job.remaining_ns.min(self.config.flush_slice_ns).max(1);
         let start = self.dies[die].first_fit(from, ns);
         let end = self.dies[die].reserve(from, ns);
-        if job.gc_copies_left > 0 {
-            job.gc_copies_left -= 1;
-            job.ready = end;
-            self.stats.gc_copies += 1;
+        job.remaining_ns = job.remaining_ns.saturating_sub(ns);
+        job.ready = end;
+        if job.remaining_ns > 0 {
             self.flush_jobs[die] = Some(job);
         } else {
-            self.stats.programs += 1;
             *self.pending_frees.entry(end).or_default() += job.pages;
             self.pending_free_pages += job.pages;
             self.flush_jobs[die] = None;

@@ -63,15 +63,15 @@ pub enum Scale {
 impl Scale {
     fn warmup_ns(self) -> u64 {
         match self {
-            Scale::Quick => 20 * NANOS_PER_MILLI,
-            Scale::Full => 100 * NANOS_PER_MILLI,
+            Scale::Quick => 100 * NANOS_PER_MILLI,
+            Scale::Full => 300 * NANOS_PER_MILLI,
         }
     }
 
     fn measured_ns(self) -> u64 {
         match self {
-            Scale::Quick => 40 * NANOS_PER_MILLI,
-            Scale::Full => 400 * NANOS_PER_MILLI,
+            Scale::Quick => 100 * NANOS_PER_MILLI,
+            Scale::Full => 700 * NANOS_PER_MILLI,
         }
     }
 
