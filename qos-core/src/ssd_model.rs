@@ -21,7 +21,9 @@
 //!   in the background, in slices of at most `flush_slice_ns` and only
 //!   when the die has no read waiting: reads first, and a read waits at
 //!   most one slice for background work (firmware with read-priority
-//!   queues and program/erase suspend). A write that finds the buffer full
+//!   queues and program/erase suspend). Each suspension costs
+//!   `suspend_resume_ns` of extra die time, so interleaving reads with
+//!   writes costs more than either alone. A write that finds the buffer full
 //!   forces the flush it needs onto the dies and waits for it: bursts are
 //!   absorbed, sustained writes get the NAND's real speed and take die
 //!   time from reads only as fast as they need buffer space.
@@ -53,7 +55,7 @@
 //! | unloaded latency of one I/O | ≤ 230 µs (§4.2) | 4 KiB read 86 µs, 128 KiB read 141 µs, 4 KiB write 14 µs (buffered) |
 //! | fragmented 4 KiB random write | ≈ 180 MB/s (§3.3) | WA 5: 32 dies × 16 KiB / (4 × (72 + 500) µs + 500 µs + 20 µs) = 187 MB/s measured |
 //! | clean write | fragmented is 16.9 % of clean (App. A), i.e. ≈ 1.06 GB/s | 32 dies × 16 KiB / 520 µs: 1.01 GB/s for 4 KiB random and 128 KiB sequential (fragmented is 18.5 % of it) |
-//! | 5 % writes in a 4 KiB read stream, fragmented | −42.6 % IOPS (App. A) | −24 % at QD 256 (the model's only interference is die time; real controllers lose more to queue and controller contention) |
+//! | 5 % writes in a 4 KiB read stream, fragmented | −42.6 % IOPS (App. A) | −26 % at QD 256 (die time plus 35 µs per suspension; the real device loses more, to contention the model leaves out) |
 //! | write latency while the buffer absorbs | ≈ 70 µs end to end (§5.5) | 14 µs at the device |
 //!
 //! The die count, sense and program times are plausible TLC values chosen
@@ -115,6 +117,11 @@ pub struct SsdModelConfig {
     /// does before a queued read may go: program/erase suspend. Default
     /// 50 µs.
     pub flush_slice_ns: u64,
+    /// Die time a read adds when it has to suspend background work on its
+    /// die (suspend plus resume). This is what makes mixing reads and
+    /// writes cost more than the sum of the parts (Appendix A). Default
+    /// 35 µs.
+    pub suspend_resume_ns: u64,
     /// Device state: 0 = clean (sequentially preconditioned), 1 = fully
     /// fragmented (random-write preconditioned). Default 0.
     pub fragmentation: f64,
@@ -154,9 +161,10 @@ impl SsdModelConfig {
             program_ns: 500_000,
             host_link_bytes_per_sec: 3_200_000_000,
             command_overhead_ns: 8_000,
-            write_buffer_bytes: 4 * MIB,
+            write_buffer_bytes: 1 * MIB,
             buffer_write_ns: 5_000,
             flush_slice_ns: 50_000,
+            suspend_resume_ns: 35_000,
             fragmentation: 0.0,
             gc_victim_valid_ratio_max: 0.8,
             state_change_bytes: 960_000_000_000,
@@ -228,16 +236,17 @@ impl SsdModelConfig {
     }
 }
 
-/// Busy intervals of one resource, sorted and disjoint, in nanoseconds.
+/// Busy intervals of one resource, sorted and disjoint, in nanoseconds,
+/// each marked as background work (flushing) or not.
 #[derive(Clone, Debug, Default)]
 struct Timeline {
-    busy: VecDeque<(u64, u64)>,
+    busy: VecDeque<(u64, u64, bool)>,
 }
 
 impl Timeline {
     /// Forgets intervals that ended at or before `t`.
     fn prune(&mut self, t: u64) {
-        while self.busy.front().is_some_and(|&(_, end)| end <= t) {
+        while self.busy.front().is_some_and(|&(_, end, _)| end <= t) {
             self.busy.pop_front();
         }
     }
@@ -245,7 +254,7 @@ impl Timeline {
     /// The earliest start at or after `ready` of a free gap of `duration`.
     fn first_fit(&self, ready: u64, duration: u64) -> u64 {
         let mut start = ready;
-        for &(begin, end) in &self.busy {
+        for &(begin, end, _) in &self.busy {
             if end <= start {
                 continue;
             }
@@ -257,19 +266,37 @@ impl Timeline {
         start
     }
 
+    /// Whether background work ends exactly at `t` (an operation starting
+    /// at `t` had to wait for it).
+    fn background_ends_at(&self, t: u64) -> bool {
+        let at = self.busy.partition_point(|&(_, end, _)| end < t);
+        self.busy
+            .get(at)
+            .is_some_and(|&(_, end, background)| end == t && background)
+    }
+
     /// The first instant at or after `t` when the resource is idle.
     fn first_idle(&self, t: u64) -> u64 {
         self.first_fit(t, 1)
     }
 
-    /// Reserves `duration` at the first fit from `ready`; returns the end.
+    /// Reserves `duration` of foreground work at the first fit from
+    /// `ready`; returns the end.
     fn reserve(&mut self, ready: u64, duration: u64) -> u64 {
+        self.reserve_kind(ready, duration, false)
+    }
+
+    /// Reserves `duration` at the first fit from `ready`; returns the end.
+    fn reserve_kind(&mut self, ready: u64, duration: u64, background: bool) -> u64 {
         let start = self.first_fit(ready, duration);
         let end = start.saturating_add(duration.max(1));
-        let at = self.busy.partition_point(|&(begin, _)| begin < start);
-        // Merge with touching neighbours to keep the timeline short.
-        let touches_prev = at > 0 && self.busy[at - 1].1 == start;
-        let touches_next = at < self.busy.len() && self.busy[at].0 == end;
+        let at = self.busy.partition_point(|&(begin, _, _)| begin < start);
+        // Merge with touching neighbours of the same kind to keep the
+        // timeline short.
+        let touches_prev =
+            at > 0 && self.busy[at - 1].1 == start && self.busy[at - 1].2 == background;
+        let touches_next =
+            at < self.busy.len() && self.busy[at].0 == end && self.busy[at].2 == background;
         match (touches_prev, touches_next) {
             (true, true) => {
                 let next_end = self.busy[at].1;
@@ -278,7 +305,7 @@ impl Timeline {
             }
             (true, false) => self.busy[at - 1].1 = end,
             (false, true) => self.busy[at].0 = start,
-            (false, false) => self.busy.insert(at, (start, end)),
+            (false, false) => self.busy.insert(at, (start, end, background)),
         }
         end
     }
@@ -291,7 +318,7 @@ struct FlushJob {
     /// Die time still to spend on the job (GC copies, then the program).
     remaining_ns: u64,
     pages: u64,
-    /// End of the job's latest operation (or when its data was ready).
+    /// End of the job's latest slice (or when its data was ready).
     ready: u64,
 }
 
@@ -308,6 +335,8 @@ pub struct SsdStats {
     pub gc_copies: u64,
     /// Writes that waited for buffer space.
     pub buffer_full_waits: u64,
+    /// Reads that suspended background work.
+    pub suspensions: u64,
 }
 
 /// The SSD model's state.
@@ -456,11 +485,19 @@ impl SsdModel {
         }
         let mut data_ready = ready;
         for ((die, _), sense_pages) in senses {
-            let ns = self.jittered(self.config.read_sense_ns)
+            let mut ns = self.jittered(self.config.read_sense_ns)
                 + transfer_ns(
                     sense_pages * PAGE_BYTES,
                     self.config.die_transfer_bytes_per_sec,
                 );
+            let timeline = &self.dies[die as usize];
+            let start = timeline.first_fit(ready, ns);
+            if start > ready && timeline.background_ends_at(start) {
+                // The read suspended background work on its die; suspend
+                // and resume cost die time of their own.
+                self.stats.suspensions += 1;
+                ns += self.config.suspend_resume_ns;
+            }
             let end = self.dies[die as usize].reserve(ready, ns);
             data_ready = data_ready.max(end);
         }
@@ -548,7 +585,10 @@ impl SsdModel {
         let running = (0..self.dies.len())
             .filter_map(|d| {
                 let job = self.flush_jobs[d]?;
-                Some((self.dies[d].first_idle(job.ready.max(now)) + job.remaining_ns, d))
+                Some((
+                    self.dies[d].first_idle(job.ready.max(now)) + job.remaining_ns,
+                    d,
+                ))
             })
             .min();
         let fresh = if self.unscheduled_pages.is_empty() {
@@ -638,7 +678,7 @@ impl SsdModel {
         let from = job.ready.max(not_before);
         let ns = job.remaining_ns.min(self.config.flush_slice_ns).max(1);
         let start = self.dies[die].first_fit(from, ns);
-        let end = self.dies[die].reserve(from, ns);
+        let end = self.dies[die].reserve_kind(from, ns, true);
         job.remaining_ns = job.remaining_ns.saturating_sub(ns);
         job.ready = end;
         if job.remaining_ns > 0 {
@@ -942,6 +982,7 @@ mod tests {
             let mut m = SsdModel::new(SsdModelConfig::dct983_fragmented()).unwrap();
             let mut heap = BinaryHeap::new();
             let mut n = 0u64;
+
             let mut rng = 9u64;
             let mut issue = |m: &mut SsdModel, t: u64, n: &mut u64| {
                 *n += 1;
@@ -973,7 +1014,7 @@ mod tests {
         let reads_only = mix_bw(0);
         let five_pct_writes = mix_bw(20);
         let drop = 1.0 - five_pct_writes as f64 / reads_only as f64;
-        assert!(drop > 0.15, "IOPS drop {drop}");
+        assert!(drop > 0.2, "IOPS drop {drop}");
     }
 
     #[test]

@@ -389,7 +389,8 @@ mod tests {
             }
             now = now.saturating_add_nanos(100_000);
             s.complete(now, id).unwrap();
-            now = now.saturating_add_nanos(1_000_000);
+            // Past the write-cost update interval, so every write counts.
+            now = now.saturating_add_nanos(10_000_000);
         }
         assert_eq!(s.write_cost().write_cost(), 1.0);
         let view = s.virtual_view(now);
