@@ -109,7 +109,7 @@ pub struct SsdModelConfig {
     /// Controller time per command (fetch, FTL look-up, completion), not
     /// queued. Default 8 µs.
     pub command_overhead_ns: u64,
-    /// DRAM write buffer capacity. Default 4 MiB.
+    /// DRAM write buffer capacity. Default 1 MiB.
     pub write_buffer_bytes: u64,
     /// Time to place a write's data into the buffer. Default 5 µs.
     pub buffer_write_ns: u64,
@@ -161,7 +161,7 @@ impl SsdModelConfig {
             program_ns: 500_000,
             host_link_bytes_per_sec: 3_200_000_000,
             command_overhead_ns: 8_000,
-            write_buffer_bytes: 1 * MIB,
+            write_buffer_bytes: MIB,
             buffer_write_ns: 5_000,
             flush_slice_ns: 50_000,
             suspend_resume_ns: 35_000,
@@ -915,14 +915,14 @@ mod tests {
     #[test]
     fn the_write_buffer_absorbs_a_burst_even_when_fragmented() {
         let mut m = SsdModel::new(SsdModelConfig::dct983_fragmented()).unwrap();
-        // 1 MiB burst: a quarter of the buffer, all at buffered latency.
-        for i in 0..256u64 {
+        // A burst of half the buffer: all at buffered latency.
+        for i in 0..128u64 {
             let done = m.submit(Nanos(0), IoKind::Write, i * 4096, 4 * KIB).0;
             assert!(done < 500_000, "write {i} done at {done}");
         }
         // A burst past the buffer waits for programs at NAND speed.
         let mut last = 0;
-        for i in 256..2048u64 {
+        for i in 128..2048u64 {
             last = m.submit(Nanos(0), IoKind::Write, i * 4096, 4 * KIB).0;
         }
         assert!(last > 10_000_000, "{last}");
