@@ -17,6 +17,7 @@
 //! validated commands (at most MDTS each), and never from a length the host
 //! sent without checking it against the command.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
@@ -141,14 +142,14 @@ impl Responder {
     /// Completes a read: data, then either the SUCCESS shortcut (only when
     /// the host turned SQ flow control off, since the CQE would carry SQHD,
     /// and never when a credit must travel in dword 1) or a CQE.
-    fn complete_read(&self, cid: u16, data: Vec<u8>, credit: Option<u32>) {
+    fn complete_read(&self, cid: u16, data: Cow<'static, [u8]>, credit: Option<u32>) {
         let shortcut = credit.is_none() && self.sq.flow_control_disabled.load(Ordering::Relaxed);
         let _ = self.tx.send(Outgoing::Pdu(Pdu::C2HData(C2HData {
             cccid: cid,
             datao: 0,
             last: true,
             success: shortcut,
-            data: data.into(),
+            data,
         })));
         if shortcut {
             self.finish_one();
@@ -267,9 +268,95 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
     let _ = writer.await;
 }
 
+/// Data at least this large is written from its own buffer (writev)
+/// rather than copied behind its header.
+const ZERO_COPY_MIN: usize = 4096;
+
+/// Outgoing bytes gathered for one vectored write: small PDUs are encoded
+/// into `bytes`; large data payloads stay in their own buffers.
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    /// In order: a range of `bytes`, or a payload.
+    parts: Vec<Part>,
+}
+
+enum Part {
+    Bytes(std::ops::Range<usize>),
+    Data(Cow<'static, [u8]>),
+}
+
+impl Batch {
+    fn mark_bytes(&mut self, start: usize) {
+        let end = self.bytes.len();
+        if start == end {
+            return;
+        }
+        match self.parts.last_mut() {
+            Some(Part::Bytes(r)) if r.end == start => r.end = end,
+            _ => self.parts.push(Part::Bytes(start..end)),
+        }
+    }
+
+    fn push(&mut self, pdu: Pdu<'static>, config: &EncodeConfig) -> Result<(), ProtoError> {
+        let start = self.bytes.len();
+        if pdu.data().len() < ZERO_COPY_MIN {
+            pdu.encode(config, &mut self.bytes)?;
+            self.mark_bytes(start);
+            return Ok(());
+        }
+        let digest = pdu.encode_head(config, &mut self.bytes)?;
+        self.mark_bytes(start);
+        let data = match pdu {
+            Pdu::C2HData(d) => d.data,
+            other => Cow::Owned(other.data().to_vec()),
+        };
+        self.parts.push(Part::Data(data));
+        if let Some(d) = digest {
+            let start = self.bytes.len();
+            self.bytes.extend_from_slice(&d);
+            self.mark_bytes(start);
+        }
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Bytes(r) => r.len(),
+                Part::Data(d) => d.len(),
+            })
+            .sum()
+    }
+
+    async fn write_to(&mut self, wr: &mut OwnedWriteHalf) -> std::io::Result<()> {
+        let mut slices: Vec<std::io::IoSlice<'_>> = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Bytes(r) => std::io::IoSlice::new(&self.bytes[r.clone()]),
+                Part::Data(d) => std::io::IoSlice::new(d),
+            })
+            .collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = wr.write_vectored(rest).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            std::io::IoSlice::advance_slices(&mut rest, n);
+        }
+        drop(slices);
+        self.bytes.clear();
+        self.parts.clear();
+        Ok(())
+    }
+}
+
 async fn write_loop(mut wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Outgoing>) {
     let mut config = EncodeConfig::default();
-    let mut out: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut batch = Batch::default();
     while let Some(first) = rx.recv().await {
         let mut close = false;
         let mut msg = Some(first);
@@ -277,8 +364,9 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Outgoing>)
         while let Some(m) = msg.take() {
             match m {
                 Outgoing::Pdu(p) => {
-                    if let Err(e) = p.encode(&config, &mut out) {
-                        log::error!("cannot encode PDU type {:#04x}: {e}", p.pdu_type());
+                    let pdu_type = p.pdu_type();
+                    if let Err(e) = batch.push(p, &config) {
+                        log::error!("cannot encode PDU type {pdu_type:#04x}: {e}");
                     }
                 }
                 Outgoing::Encode(c) => config = c,
@@ -287,15 +375,12 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Outgoing>)
                     break;
                 }
             }
-            if out.len() < 1 << 20 {
+            if batch.len() < 1 << 20 && batch.parts.len() < 512 {
                 msg = rx.try_recv().ok();
             }
         }
-        if !out.is_empty() {
-            if wr.write_all(&out).await.is_err() {
-                return;
-            }
-            out.clear();
+        if !batch.parts.is_empty() && batch.write_to(&mut wr).await.is_err() {
+            return;
         }
         if close {
             let _ = wr.shutdown().await;

@@ -13,6 +13,7 @@
 //! backend that may block (`file`) runs on tokio's blocking pool so that one
 //! slow device cannot stall a connection's event loop.
 
+use std::borrow::Cow;
 use std::io;
 use std::sync::Arc;
 
@@ -76,7 +77,7 @@ impl IoOp {
 #[derive(Debug)]
 pub struct IoDone {
     /// Read data for a read, empty otherwise; or the backend's error.
-    pub result: io::Result<Vec<u8>>,
+    pub result: io::Result<Cow<'static, [u8]>>,
     /// Credit to report to the tenant in completion dword 1 (Gimbal only).
     pub credit: Option<u32>,
 }
@@ -138,21 +139,18 @@ impl Pipeline {
 }
 
 /// Runs one request against a backend.
-pub fn execute(backend: &dyn Backend, op: IoOp) -> io::Result<Vec<u8>> {
+pub fn execute(backend: &dyn Backend, op: IoOp) -> io::Result<Cow<'static, [u8]>> {
+    const NONE: Cow<'static, [u8]> = Cow::Borrowed(&[]);
     match op {
-        IoOp::Read { offset, len } => {
-            let mut buf = vec![0u8; len];
-            backend.read(offset, &mut buf)?;
-            Ok(buf)
-        }
-        IoOp::Write { offset, data, fua } => backend.write(offset, &data, fua).map(|_| Vec::new()),
-        IoOp::Flush => backend.flush().map(|_| Vec::new()),
-        IoOp::WriteZeroes { offset, len } => backend.write_zeroes(offset, len).map(|_| Vec::new()),
+        IoOp::Read { offset, len } => backend.read_to_buffer(offset, len),
+        IoOp::Write { offset, data, fua } => backend.write(offset, &data, fua).map(|_| NONE),
+        IoOp::Flush => backend.flush().map(|_| NONE),
+        IoOp::WriteZeroes { offset, len } => backend.write_zeroes(offset, len).map(|_| NONE),
         IoOp::Discard { ranges } => {
             for (offset, len) in ranges {
                 backend.discard(offset, len)?;
             }
-            Ok(Vec::new())
+            Ok(NONE)
         }
     }
 }

@@ -11,6 +11,7 @@ mod file;
 mod null;
 mod ram;
 
+use std::borrow::Cow;
 use std::io;
 use std::sync::Arc;
 
@@ -41,6 +42,14 @@ pub trait Backend: Send + Sync + 'static {
     fn info(&self) -> BackendInfo;
     /// Fills `buf` from `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Reads `len` bytes at `offset` into a buffer of the backend's
+    /// choosing. The default allocates and calls [`Backend::read`]; a
+    /// backend that can hand out data without copying it overrides this.
+    fn read_to_buffer(&self, offset: u64, len: usize) -> io::Result<Cow<'static, [u8]>> {
+        let mut buf = vec![0u8; len];
+        self.read(offset, &mut buf)?;
+        Ok(Cow::Owned(buf))
+    }
     /// Writes `data` at `offset`; with `fua` the data is durable on return.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
     /// Makes every completed write durable.

@@ -187,3 +187,29 @@ fio_verify() {
         --rw="$_rw" --bs="$_bs" --iodepth="$_qd" --size="$_size" \
         --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 "$@"
 }
+
+# fio_bench LABEL DEVICE RW BS IODEPTH SECONDS: a timed fio read/write run
+# that prints "BENCH LABEL iops=N mibps=N p99_us=N" (reads only; the runner
+# collects BENCH lines). Benchmarks report numbers, they assert nothing
+# about them: only that fio ran without error.
+fio_bench() {
+    _label=$1 _dev=$2 _rw=$3 _bs=$4 _qd=$5 _secs=$6
+    _out=$(fio --name=bench --filename="$_dev" --ioengine=libaio --direct=1 \
+        --rw="$_rw" --bs="$_bs" --iodepth="$_qd" --runtime="$_secs" --time_based \
+        --ramp_time=2 --size=64M --randrepeat=0 --norandommap \
+        --output-format=terse --terse-version=3 2>&1)
+    _rc=$?
+    if [ $_rc -ne 0 ]; then
+        fail "fio bench $_label (exit $_rc)"
+        echo "$_out" | tail -n 20 | sed 's/^/    | /'
+        return 1
+    fi
+    # Terse v3: field 7 read KiB/s, 8 read IOPS, 18..37 read completion
+    # latency percentiles as "P%=usec".
+    echo "$_out" | grep '^3;' | awk -F';' -v label="$_label" '{
+        p99 = "";
+        for (i = 18; i <= 37; i++) if ($i ~ /^99\.000000%=/) { split($i, a, "="); p99 = a[2] }
+        printf "BENCH %s iops=%d mibps=%.1f p99_us=%s\n", label, $8, $7 / 1024, p99
+    }'
+    pass "fio bench $_label"
+}
