@@ -21,6 +21,7 @@
 //! A driver for an io_uring loop is another thin pump around [`Queue`]: see
 //! the [`queue`] module documentation for the call order.
 
+pub mod blocking;
 pub mod controller;
 pub mod error;
 #[cfg(feature = "test-support")]

@@ -495,6 +495,16 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         });
     }
 
+    /// When the next Keep Alive is due, if keep-alive runs and none is in
+    /// flight (a driver that pumps the admin queue only now and then sleeps
+    /// until this instant).
+    pub fn next_keep_alive(&self) -> Option<Instant> {
+        self.keep_alive
+            .as_ref()
+            .filter(|k| !k.outstanding)
+            .map(|k| k.next_send)
+    }
+
     /// Accept a request. It is issued as soon as the queue is live and has
     /// a free command slot; Read/Write larger than the transfer limit are
     /// split into several commands and complete once, when all have.
@@ -794,6 +804,11 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
     /// Whether `poll_transmit` has something to send.
     pub fn has_transmit(&self) -> bool {
         !self.out.is_empty()
+    }
+
+    /// Whether `poll_event` has something (a driver must not sleep then).
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// The next event, if any.
