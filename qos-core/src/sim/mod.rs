@@ -24,3 +24,6 @@ pub mod metrics;
 pub mod rng;
 pub mod schedulers;
 pub mod workload;
+
+#[cfg(test)]
+mod tests;
