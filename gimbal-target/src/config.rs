@@ -20,6 +20,8 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use qos_core::config::GimbalConfig;
+use qos_core::error::QosError;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -143,6 +145,9 @@ pub struct NamespaceConfig {
     pub block_size: u32,
     /// The per-device pipeline's QoS.
     pub qos: QosMode,
+    /// Switch parameters when `qos = "gimbal"` (paper defaults, §4.2,
+    /// overridden by a `[subsystem.namespace.gimbal]` table).
+    pub gimbal: GimbalConfig,
 }
 
 /// A namespace backend.
@@ -224,6 +229,8 @@ struct RawNamespace {
     block_size: Option<Spanned<u32>>,
     #[serde(default)]
     qos: Option<Spanned<QosMode>>,
+    #[serde(default)]
+    gimbal: Option<Spanned<GimbalConfig>>,
 }
 
 /// A size written as an integer (bytes) or a string with a unit.
@@ -609,11 +616,29 @@ fn validate_namespace(
             )
         }
     };
+    let qos = rn.qos.map(|q| q.into_inner()).unwrap_or_default();
+    let gimbal = match rn.gimbal {
+        None => GimbalConfig::default(),
+        Some(g) => {
+            if let Err(QosError::InvalidConfig { field, reason }) = g.get_ref().validate() {
+                return cx.err(g.span(), Some(&format!("gimbal.{field}")), reason);
+            }
+            if qos != QosMode::Gimbal {
+                return cx.err(
+                    g.span(),
+                    Some("gimbal"),
+                    "switch parameters given but qos is not \"gimbal\"".into(),
+                );
+            }
+            g.into_inner()
+        }
+    };
     Ok(NamespaceConfig {
         nsid,
         backend,
         block_size,
-        qos: rn.qos.map(|q| q.into_inner()).unwrap_or_default(),
+        qos,
+        gimbal,
     })
 }
 
@@ -746,6 +771,40 @@ mod tests {
             "above max_ms",
         );
         expect_err("listen = [\n", 2, "", "");
+    }
+
+    #[test]
+    fn gimbal_parameters_are_validated_with_their_field() {
+        let base = "[[subsystem]]\nnqn = \"nqn.2026-01.io.t:a\"\n[[subsystem.namespace]]\nbackend = \"null\"\nsize = 4096\n";
+        let c = parse(&format!(
+            "{base}qos = \"gimbal\"\n[subsystem.namespace.gimbal]\nslot_size_bytes = 65536\n"
+        ))
+        .unwrap();
+        let ns = &c.subsystems[0].namespaces[0];
+        assert_eq!(ns.qos, QosMode::Gimbal);
+        assert_eq!(ns.gimbal.slot_size_bytes, 65536);
+        assert_eq!(
+            ns.gimbal.latency_threshold_min_us, 250,
+            "paper default kept"
+        );
+        let e = parse(&format!(
+            "{base}qos = \"gimbal\"\n[subsystem.namespace.gimbal]\nlatency_threshold_min_us = 2000\nlatency_threshold_max_us = 1000\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.field, "subsystem.namespace.gimbal.latency_threshold_min_us",
+            "{e}"
+        );
+        let e = parse(&format!(
+            "{base}[subsystem.namespace.gimbal]\nslot_size_bytes = 65536\n"
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("qos is not"), "{e}");
+        let e = parse(&format!(
+            "{base}qos = \"gimbal\"\n[subsystem.namespace.gimbal]\nslot_size = 1\n"
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("unknown field"), "{e}");
     }
 
     #[test]

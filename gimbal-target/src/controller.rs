@@ -24,9 +24,10 @@ use nvmf_proto::identify::{
 };
 use nvmf_proto::log_page::{
     adrfam, copy_window, subtype, tcp_sectype, treq, trtype, DiscoveryLogEntry, DiscoveryLogPage,
-    SmartLog, ERROR_LOG_ENTRY_LEN, SMART_LOG_LEN,
+    GimbalViewPage, SmartLog, ERROR_LOG_ENTRY_LEN, SMART_LOG_LEN,
 };
 use nvmf_proto::{SglKind, Sqe, Status};
+use qos_core::congestion::CongestionState;
 use tokio_util::sync::CancellationToken;
 
 use crate::target::{Subsystem, Target};
@@ -474,6 +475,14 @@ impl Controller {
                 p[8..8 + fr.len().min(8)].copy_from_slice(&fr[..fr.len().min(8)]);
                 p
             }
+            log_id::GIMBAL_VIRTUAL_VIEW if !self.is_discovery() => {
+                let ns = self
+                    .subsystem
+                    .as_ref()
+                    .and_then(|s| s.namespaces.get(&glp.nsid))
+                    .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+                gimbal_view(ns, self.tenant).to_bytes().to_vec()
+            }
             _ => return Err(Status::INVALID_LOG_PAGE.with_dnr()),
         };
         let want = glp.data_len() as usize;
@@ -541,6 +550,37 @@ impl Controller {
             feature_id::VOLATILE_WRITE_CACHE if !self.is_discovery() => AdminOutcome::ok_dw0(1),
             _ => AdminOutcome::status(Status::INVALID_FIELD.with_dnr()),
         }
+    }
+}
+
+/// The virtual view page of a namespace for one tenant.
+pub fn gimbal_view(ns: &crate::target::Namespace, tenant: u32) -> GimbalViewPage {
+    let Some(v) = ns.pipeline.virtual_view() else {
+        return GimbalViewPage {
+            congestion_state: GimbalViewPage::NO_SWITCH,
+            ..Default::default()
+        };
+    };
+    GimbalViewPage {
+        congestion_state: match v.congestion_state {
+            CongestionState::Underutilized => 0,
+            CongestionState::CongestionAvoidance => 1,
+            CongestionState::Congested => 2,
+            CongestionState::Overloaded => 3,
+        },
+        target_rate_bps: v.target_rate_bps,
+        read_headroom_bps: v.read_headroom_bps,
+        write_headroom_bps: v.write_headroom_bps,
+        write_cost_milli: (v.write_cost * 1000.0).round() as u64,
+        read_latency_ewma_ns: v.read_latency_ewma_ns.unwrap_or(0),
+        write_latency_ewma_ns: v.write_latency_ewma_ns.unwrap_or(0),
+        read_threshold_ns: v.read_latency_threshold_ns,
+        write_threshold_ns: v.write_latency_threshold_ns,
+        allotted_slots: v.allotted_slots,
+        credit: ns.pipeline.credit(tenant).unwrap_or(0),
+        in_flight: v.in_flight as u32,
+        queued: v.queued as u32,
+        at_ns: v.at_ns,
     }
 }
 

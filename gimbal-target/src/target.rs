@@ -14,7 +14,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{self, BackendInfo};
-use crate::config::{NamespaceConfig, SubsystemConfig, TargetConfig};
+use crate::config::{NamespaceConfig, QosMode, SubsystemConfig, TargetConfig};
 use crate::controller::Controller;
 use crate::pipeline::Pipeline;
 
@@ -66,7 +66,17 @@ impl Namespace {
             size_blocks: info.size_bytes >> block_shift,
             nguid,
             info,
-            pipeline: Pipeline::new(backend),
+            pipeline: match config.qos {
+                QosMode::None => Pipeline::new(backend),
+                QosMode::Gimbal => {
+                    Pipeline::with_gimbal(backend, &config.gimbal).with_context(|| {
+                        format!(
+                            "subsystem {subnqn} namespace {}: gimbal parameters",
+                            config.nsid
+                        )
+                    })?
+                }
+            },
             config: config.clone(),
         })
     }

@@ -477,3 +477,135 @@ impl VendorLogPage {
         copy_window(&self.data, offset, out);
     }
 }
+
+/// Length of the Gimbal virtual view page (LID C0h).
+pub const GIMBAL_VIEW_LEN: usize = 512;
+/// Layout version of the Gimbal virtual view page.
+pub const GIMBAL_VIEW_VERSION: u32 = 1;
+
+/// The Gimbal virtual view of one namespace's device (§3.7 of the Gimbal
+/// paper), as log page C0h carries it, for the namespace named in the Get
+/// Log Page NSID and the tenant (host) that asks.
+///
+/// Layout, little endian: version (0..4), congestion state (4: 0
+/// under-utilized, 1 congestion avoidance, 2 congested, 3 overloaded, FFh
+/// no switch on this namespace), reserved (5..8), target rate B/s (8..16),
+/// read headroom B/s (16..24), write headroom B/s (24..32), write cost ×
+/// 1000 (32..40), read latency EWMA ns (40..48, 0 = none yet), write latency
+/// EWMA ns (48..56), read threshold ns (56..64), write threshold ns
+/// (64..72), allotted slots per tenant (72..76), the caller's credit
+/// (76..80), requests in flight at the device (80..84), requests queued at
+/// the switch (84..88), time of the snapshot in ns since the target started
+/// (88..96); reserved to 512.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct GimbalViewPage {
+    /// Congestion state code (see the type documentation).
+    pub congestion_state: u8,
+    /// Target submission rate, bytes per second.
+    pub target_rate_bps: u64,
+    /// Read headroom, bytes per second.
+    pub read_headroom_bps: u64,
+    /// Write headroom, bytes per second.
+    pub write_headroom_bps: u64,
+    /// Write cost in thousandths (a cost of 9.0 is 9000).
+    pub write_cost_milli: u64,
+    /// Read latency EWMA in ns, 0 if none yet.
+    pub read_latency_ewma_ns: u64,
+    /// Write latency EWMA in ns, 0 if none yet.
+    pub write_latency_ewma_ns: u64,
+    /// Dynamic read latency threshold, ns.
+    pub read_threshold_ns: u64,
+    /// Dynamic write latency threshold, ns.
+    pub write_threshold_ns: u64,
+    /// Virtual slots each contending tenant may hold.
+    pub allotted_slots: u32,
+    /// The asking tenant's credit.
+    pub credit: u32,
+    /// Requests at the device.
+    pub in_flight: u32,
+    /// Requests queued at the switch.
+    pub queued: u32,
+    /// When the snapshot was taken, ns since the target started.
+    pub at_ns: u64,
+}
+
+impl GimbalViewPage {
+    /// Congestion state value meaning "no switch runs on this namespace".
+    pub const NO_SWITCH: u8 = 0xFF;
+
+    /// Encode to [`GIMBAL_VIEW_LEN`] bytes.
+    pub fn to_bytes(&self) -> [u8; GIMBAL_VIEW_LEN] {
+        let mut b = [0u8; GIMBAL_VIEW_LEN];
+        put_u32(&mut b, 0, GIMBAL_VIEW_VERSION);
+        b[4] = self.congestion_state;
+        put_u64(&mut b, 8, self.target_rate_bps);
+        put_u64(&mut b, 16, self.read_headroom_bps);
+        put_u64(&mut b, 24, self.write_headroom_bps);
+        put_u64(&mut b, 32, self.write_cost_milli);
+        put_u64(&mut b, 40, self.read_latency_ewma_ns);
+        put_u64(&mut b, 48, self.write_latency_ewma_ns);
+        put_u64(&mut b, 56, self.read_threshold_ns);
+        put_u64(&mut b, 64, self.write_threshold_ns);
+        put_u32(&mut b, 72, self.allotted_slots);
+        put_u32(&mut b, 76, self.credit);
+        put_u32(&mut b, 80, self.in_flight);
+        put_u32(&mut b, 84, self.queued);
+        put_u64(&mut b, 88, self.at_ns);
+        b
+    }
+
+    /// Decode; fails on a short page or an unknown version.
+    pub fn from_bytes(b: &[u8]) -> Result<Self, ProtoError> {
+        let b = crate::wire::fixed::<GIMBAL_VIEW_LEN>(b, "Gimbal view page")?;
+        if get_u32(b, 0) != GIMBAL_VIEW_VERSION {
+            return Err(ProtoError::InvalidField {
+                structure: "Gimbal view page",
+                field: "version",
+                offset: 0,
+                reason: "unknown layout version",
+            });
+        }
+        Ok(Self {
+            congestion_state: b[4],
+            target_rate_bps: get_u64(b, 8),
+            read_headroom_bps: get_u64(b, 16),
+            write_headroom_bps: get_u64(b, 24),
+            write_cost_milli: get_u64(b, 32),
+            read_latency_ewma_ns: get_u64(b, 40),
+            write_latency_ewma_ns: get_u64(b, 48),
+            read_threshold_ns: get_u64(b, 56),
+            write_threshold_ns: get_u64(b, 64),
+            allotted_slots: get_u32(b, 72),
+            credit: get_u32(b, 76),
+            in_flight: get_u32(b, 80),
+            queued: get_u32(b, 84),
+            at_ns: get_u64(b, 88),
+        })
+    }
+}
+
+#[cfg(test)]
+mod gimbal_view_tests {
+    use super::*;
+
+    #[test]
+    fn gimbal_view_round_trips_at_its_offsets() {
+        let v = GimbalViewPage {
+            congestion_state: 2,
+            target_rate_bps: 1 << 30,
+            write_cost_milli: 9000,
+            credit: 24,
+            at_ns: 77,
+            ..Default::default()
+        };
+        let b = v.to_bytes();
+        assert_eq!(&b[0..4], &[1, 0, 0, 0]);
+        assert_eq!(b[4], 2);
+        assert_eq!(&b[76..80], &[24, 0, 0, 0]);
+        assert_eq!(GimbalViewPage::from_bytes(&b).unwrap(), v);
+        let mut bad = b;
+        bad[0] = 9;
+        assert!(GimbalViewPage::from_bytes(&bad).is_err());
+        assert!(GimbalViewPage::from_bytes(&b[..100]).is_err());
+    }
+}

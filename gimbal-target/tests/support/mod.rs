@@ -209,9 +209,20 @@ impl TestHost {
 
     /// Admin connect, enable, and grant `queues` I/O queues.
     pub fn bring_up(addr: SocketAddr, hdgst: bool, ddgst: bool, queues: u16) -> TestHost {
+        TestHost::bring_up_as(addr, HOST_NQN, hdgst, ddgst, queues)
+    }
+
+    /// [`TestHost::bring_up`] as another host NQN (another tenant).
+    pub fn bring_up_as(
+        addr: SocketAddr,
+        hostnqn: &str,
+        hdgst: bool,
+        ddgst: bool,
+        queues: u16,
+    ) -> TestHost {
         let mut h = TestHost::connect(addr);
         h.icreq(hdgst, ddgst);
-        let cqe = h.connect_admin_as(DEMO_NQN, HOST_NQN, 10_000);
+        let cqe = h.connect_admin_as(DEMO_NQN, hostnqn, 10_000);
         assert!(cqe.status.is_success(), "admin connect: {cqe:?}");
         h.enable();
         let cid = h.cid();
@@ -247,11 +258,26 @@ impl TestHost {
         hdgst: bool,
         ddgst: bool,
     ) -> TestHost {
+        TestHost::connect_io_as(addr, HOST_NQN, cntlid, qid, hdgst, ddgst, 0)
+    }
+
+    /// [`TestHost::connect_io`] as another host, with extra CATTR bits.
+    pub fn connect_io_as(
+        addr: SocketAddr,
+        hostnqn: &str,
+        cntlid: u16,
+        qid: u16,
+        hdgst: bool,
+        ddgst: bool,
+        cattr_extra: u8,
+    ) -> TestHost {
         let mut h = TestHost::connect(addr);
         h.icreq(hdgst, ddgst);
         let cid = h.cid();
-        let sqe = Connect::io(qid, 64, PriorityClass::Medium).to_sqe(cid);
-        let data = h.connect_data(DEMO_NQN, HOST_NQN, cntlid);
+        let mut connect = Connect::io(qid, 64, PriorityClass::Medium);
+        connect.cattr |= cattr_extra;
+        let sqe = connect.to_sqe(cid);
+        let data = h.connect_data(DEMO_NQN, hostnqn, cntlid);
         let (cqe, _) = h.command(sqe, Some(&data));
         assert!(cqe.status.is_success(), "io connect: {cqe:?}");
         h.cntlid = cntlid;
