@@ -14,7 +14,7 @@ pub fn hex(listing: &str) -> Vec<u8> {
                 None => (tok, 1),
             };
             let v = u8::from_str_radix(byte, 16).expect("hex byte");
-            out.extend(std::iter::repeat(v).take(count));
+            out.extend(std::iter::repeat_n(v, count));
         }
     }
     out
