@@ -1,0 +1,347 @@
+//! The `ublk-nvmf` command.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Parser, Subcommand};
+use nvmf_initiator::blocking::{discover, ConnectOptions, Controller, HostIdentity};
+use nvmf_initiator::ReconnectPolicy;
+use ublk_target::bench::{self, BenchOptions, Pattern};
+
+#[derive(Parser)]
+#[command(name = "ublk-nvmf", version, about = "Block devices over NVMe/TCP")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List the subsystems a target's discovery controller offers.
+    Discover(TargetArgs),
+    /// Show a controller's Identify data and its namespaces.
+    Identify(SubsystemArgs),
+    /// Load a namespace with fio-like I/O through the embedded initiator.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct TargetArgs {
+    /// Target address (IP or host name).
+    #[arg(short = 'a', long = "traddr")]
+    addr: String,
+    /// Target TCP port.
+    #[arg(short = 's', long = "trsvcid", default_value_t = 4420)]
+    port: u16,
+    /// Host NQN (default: /etc/nvme/hostnqn, else a random one).
+    #[arg(long)]
+    hostnqn: Option<String>,
+    /// Bound on connecting, in seconds.
+    #[arg(long, default_value_t = 10)]
+    connect_timeout: u64,
+}
+
+#[derive(Args, Clone)]
+struct SubsystemArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Subsystem NQN.
+    #[arg(short = 'n', long = "nqn")]
+    nqn: String,
+    /// Ask for header digests.
+    #[arg(long)]
+    hdgst: bool,
+    /// Ask for data digests.
+    #[arg(long)]
+    ddgst: bool,
+    /// Keep alive timeout in seconds (0: none).
+    #[arg(long, default_value_t = 5)]
+    kato: u64,
+    /// Seconds to keep reconnecting before failing I/O for good (-1: forever).
+    #[arg(long, default_value_t = 600, allow_hyphen_values = true)]
+    ctrl_loss_tmo: i64,
+    /// Seconds between reconnect attempts.
+    #[arg(long, default_value_t = 10)]
+    reconnect_delay: u64,
+    /// Seconds after which pending I/O fails while reconnecting (-1: never).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    fast_io_fail_tmo: i64,
+    /// Per-command timeout in seconds.
+    #[arg(long, default_value_t = 30)]
+    io_timeout: u64,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    sub: SubsystemArgs,
+    /// Namespace ID.
+    #[arg(long, default_value_t = 1)]
+    nsid: u32,
+    /// read, write, randread, randwrite or randrw.
+    #[arg(long, default_value = "randread")]
+    rw: String,
+    /// Percent reads for randrw.
+    #[arg(long, default_value_t = 50)]
+    rwmixread: u32,
+    /// Bytes per I/O (k, m suffixes).
+    #[arg(long, default_value = "4k")]
+    bs: String,
+    /// Requests in flight per job.
+    #[arg(long, default_value_t = 32)]
+    iodepth: u32,
+    /// Jobs, each a thread with its own I/O queue.
+    #[arg(long, default_value_t = 1)]
+    numjobs: u32,
+    /// Seconds to run (0: one pass over --size).
+    #[arg(long, default_value_t = 10)]
+    runtime: u64,
+    /// Bytes of the namespace to use (k, m, g suffixes; 0: all).
+    #[arg(long, default_value = "0")]
+    size: String,
+    /// Verify data (fio's --verify; any value, e.g. crc32c, means on).
+    #[arg(long, num_args = 0..=1, default_missing_value = "crc32c")]
+    verify: Option<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Stay connected and idle this many seconds before the run (proves
+    /// keep-alive holds an idle connection).
+    #[arg(long, default_value_t = 0)]
+    idle: u64,
+    /// Seed for random offsets.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t
+        .strip_suffix("ib")
+        .or_else(|| t.strip_suffix('b'))
+        .unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        Some('t') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| anyhow!("'{s}' is not a size (e.g. 4k, 128k, 1m)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| anyhow!("'{s}' is too large"))
+}
+
+fn resolve(t: &TargetArgs) -> anyhow::Result<SocketAddr> {
+    (t.addr.as_str(), t.port)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve target address '{}'", t.addr))?
+        .next()
+        .ok_or_else(|| anyhow!("target address '{}' resolves to nothing", t.addr))
+}
+
+fn host(t: &TargetArgs) -> HostIdentity {
+    let mut h = HostIdentity::system();
+    if let Some(n) = &t.hostnqn {
+        h.nqn = n.clone();
+    }
+    h
+}
+
+fn connect(s: &SubsystemArgs, io_queues: u16) -> anyhow::Result<Controller> {
+    let addr = resolve(&s.target)?;
+    let mut o = ConnectOptions::new(addr, &s.nqn);
+    o.host = host(&s.target);
+    o.header_digest = s.hdgst;
+    o.data_digest = s.ddgst;
+    o.kato = Duration::from_secs(s.kato);
+    o.io_queues = io_queues.max(1);
+    o.connect_timeout = Duration::from_secs(s.target.connect_timeout);
+    o.command_timeout = Duration::from_secs(s.io_timeout);
+    o.reconnect = ReconnectPolicy {
+        reconnect_delay: Duration::from_secs(s.reconnect_delay),
+        ctrl_loss_tmo: ReconnectPolicy::secs_or_never(s.ctrl_loss_tmo),
+        fast_io_fail_tmo: ReconnectPolicy::secs_or_never(s.fast_io_fail_tmo),
+        requeue: true,
+    };
+    Controller::connect(o).with_context(|| format!("{} at {addr}", s.nqn))
+}
+
+fn cmd_discover(t: &TargetArgs) -> anyhow::Result<()> {
+    let addr = resolve(t)?;
+    let entries = discover(addr, &host(t), Duration::from_secs(t.connect_timeout))
+        .with_context(|| format!("discovery at {addr}"))?;
+    println!("Discovery Log Number of Records {}", entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        println!("=====Discovery Log Entry {i}======");
+        let trtype = match e.trtype {
+            3 => "tcp",
+            1 => "rdma",
+            2 => "fc",
+            _ => "other",
+        };
+        let subtype = match e.subtype {
+            1 => "discovery subsystem referral",
+            2 => "nvme subsystem",
+            3 => "current discovery subsystem",
+            _ => "unknown",
+        };
+        println!("trtype:  {trtype}");
+        println!("adrfam:  {}", if e.adrfam == 2 { "ipv6" } else { "ipv4" });
+        println!("subtype: {subtype}");
+        println!("portid:  {}", e.portid);
+        println!("trsvcid: {}", e.trsvcid);
+        println!("subnqn:  {}", e.subnqn);
+        println!("traddr:  {}", e.traddr);
+    }
+    Ok(())
+}
+
+fn cmd_identify(s: &SubsystemArgs) -> anyhow::Result<()> {
+    let c = connect(s, 1)?;
+    let info = c.info();
+    let id = &info.identify;
+    println!("subnqn    : {}", id.subnqn);
+    println!("mn        : {}", id.model_number);
+    println!("sn        : {}", id.serial_number);
+    println!("fr        : {}", id.firmware_revision);
+    println!("cntlid    : {}", info.cntlid);
+    println!(
+        "version   : {}.{}.{}",
+        info.version.major, info.version.minor, info.version.tertiary
+    );
+    println!(
+        "mdts      : {} ({} bytes per command)",
+        id.mdts, info.max_transfer_bytes
+    );
+    println!(
+        "ioccsz    : {} ({} bytes in-capsule)",
+        id.ioccsz, info.in_capsule_bytes
+    );
+    println!("sgls      : {:#x}", id.sgls);
+    println!("nn        : {}", id.nn);
+    println!("mqes      : {}", info.cap.mqes);
+    println!("cap.ams   : {:#x}", info.cap.ams);
+    println!("io queues : {}", info.io_queues);
+    println!("kato      : {} ms", info.kato_ms);
+    if !id.vendor_specific.is_empty() {
+        let shown: String = id
+            .vendor_specific
+            .iter()
+            .take(32)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        println!(
+            "vs        : {} bytes: {shown}{}",
+            id.vendor_specific.len(),
+            if id.vendor_specific.len() > 32 {
+                "..."
+            } else {
+                ""
+            }
+        );
+    }
+    for nsid in c.active_namespaces().context("active namespace list")? {
+        let ns = c
+            .identify_namespace(nsid)
+            .with_context(|| format!("Identify Namespace {nsid}"))?;
+        println!(
+            "namespace {nsid}: {} blocks of {} bytes ({} bytes)",
+            ns.blocks,
+            ns.block_size,
+            ns.size_bytes()
+        );
+    }
+    let _ = c.disconnect();
+    Ok(())
+}
+
+fn cmd_bench(b: &BenchArgs) -> anyhow::Result<bool> {
+    let pattern = Pattern::parse(&b.rw).ok_or_else(|| {
+        anyhow!(
+            "--rw '{}' is not one of read, write, randread, randwrite, randrw",
+            b.rw
+        )
+    })?;
+    if b.rwmixread > 100 {
+        bail!("--rwmixread {} is not a percentage", b.rwmixread);
+    }
+    let bs = parse_size(&b.bs)?;
+    let bs = u32::try_from(bs).map_err(|_| anyhow!("--bs {} is too large", b.bs))?;
+    let opts = BenchOptions {
+        nsid: b.nsid,
+        pattern,
+        rwmixread: b.rwmixread,
+        bs,
+        iodepth: b.iodepth.max(1),
+        numjobs: b.numjobs.max(1),
+        runtime: Duration::from_secs(b.runtime),
+        size: parse_size(&b.size)?,
+        verify: b.verify.is_some(),
+        seed: b.seed,
+    };
+    let numjobs = u16::try_from(opts.numjobs).map_err(|_| anyhow!("--numjobs too large"))?;
+    let c = connect(&b.sub, numjobs)?;
+    if b.idle > 0 {
+        std::thread::sleep(Duration::from_secs(b.idle));
+    }
+    let report = bench::run(&c, &opts).context("bench")?;
+    if b.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    let failed = report.failed();
+    if failed {
+        eprintln!(
+            "ublk-nvmf: error: bench: {} I/O error(s), {} verification error(s){}",
+            report.errors,
+            report.verify_errors,
+            report
+                .first_error
+                .as_deref()
+                .map(|e| format!("; first: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    let _ = c.disconnect();
+    Ok(!failed)
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Cmd::Discover(t) => cmd_discover(t).map(|_| true),
+        Cmd::Identify(s) => cmd_identify(s).map(|_| true),
+        Cmd::Bench(b) => cmd_bench(b),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            // One line naming the problem: anyhow's alternate form joins
+            // the context chain with ": ".
+            eprintln!("ublk-nvmf: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("128K").unwrap(), 131072);
+        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert!(parse_size("x").is_err());
+    }
+}

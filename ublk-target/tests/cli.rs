@@ -1,0 +1,250 @@
+//! The `ublk-nvmf` command against the scripted fake target on loopback:
+//! discover, identify, bench (with verification and JSON), and the one-line
+//! errors for an unreachable target, an unknown NQN, a refused host and a
+//! failing run.
+
+use std::net::TcpListener;
+use std::process::{Command, Output};
+
+use nvmf_initiator::fake_target::{FakeConfig, FakeTarget, Fault, Trigger};
+
+fn ublk_nvmf(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ublk-nvmf"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run ublk-nvmf")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+const HOST: &str = "nqn.2026-01.io.test:cli-host";
+
+#[test]
+fn discover_and_identify() {
+    let t = FakeTarget::new(FakeConfig::default());
+    let s = t.serve();
+    let port = s.addr().port().to_string();
+    let o = ublk_nvmf(&[
+        "discover",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port,
+        "--hostnqn",
+        HOST,
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains(&format!("subnqn:  {}", t.config().subnqn)),
+        "{out}"
+    );
+    let o = ublk_nvmf(&[
+        "identify",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port,
+        "-n",
+        &t.config().subnqn,
+        "--hostnqn",
+        HOST,
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("mn        : fake target"), "{out}");
+    assert!(
+        out.contains("namespace 1: 8192 blocks of 512 bytes"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bench_verifies_and_reports_json() {
+    let t = FakeTarget::new(FakeConfig::default());
+    let s = t.serve();
+    let port = s.addr().port().to_string();
+    for (rw, bs) in [("randrw", "4k"), ("write", "64k"), ("read", "16k")] {
+        let o = ublk_nvmf(&[
+            "bench",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port,
+            "-n",
+            &t.config().subnqn,
+            "--hostnqn",
+            HOST,
+            "--rw",
+            rw,
+            "--bs",
+            bs,
+            "--iodepth",
+            "8",
+            "--numjobs",
+            "2",
+            "--runtime",
+            "0",
+            "--size",
+            "2m",
+            "--verify",
+            "--json",
+            "--hdgst",
+            "--ddgst",
+        ]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{rw}: {err}");
+        assert!(out.contains("\"errors\":0,\"verify_errors\":0"), "{out}");
+        assert!(out.contains("\"p99.9\""), "{out}");
+        assert!(!out.contains("\"verified_units\":0"), "{out}");
+    }
+    let o = ublk_nvmf(&[
+        "bench",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port,
+        "-n",
+        &t.config().subnqn,
+        "--hostnqn",
+        HOST,
+        "--rw",
+        "randread",
+        "--bs",
+        "4k",
+        "--runtime",
+        "1",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("read: IOPS="), "{out}");
+}
+
+#[test]
+fn bench_fails_on_io_errors() {
+    // The target goes silent and refuses to come back in time: the run
+    // must end with errors and a non-zero exit, not hang.
+    let t = FakeTarget::new(FakeConfig {
+        fault: Some((Fault::Silence, Trigger::NthIo(20))),
+        ..FakeConfig::default()
+    });
+    let s = t.serve();
+    let port = s.addr().port().to_string();
+    s.refuse(false);
+    let child = std::thread::spawn({
+        let port = port.clone();
+        let nqn = t.config().subnqn.clone();
+        move || {
+            ublk_nvmf(&[
+                "bench",
+                "-a",
+                "127.0.0.1",
+                "-s",
+                &port,
+                "-n",
+                &nqn,
+                "--hostnqn",
+                HOST,
+                "--rw",
+                "randwrite",
+                "--runtime",
+                "0",
+                "--size",
+                "1m",
+                "--io-timeout",
+                "1",
+                "--ctrl-loss-tmo",
+                "0",
+                "--reconnect-delay",
+                "1",
+            ])
+        }
+    });
+    // Refuse reconnects once the fault has had time to fire.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    s.refuse(true);
+    let o = child.join().unwrap();
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("I/O error"), "{err}");
+}
+
+fn one_line_error(o: &Output, what: &str) {
+    let (_, err) = text(o);
+    assert!(!o.status.success());
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("ublk-nvmf: error: "), "{err}");
+    assert!(err.contains(what), "{err} should mention {what}");
+}
+
+#[test]
+fn clear_errors() {
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dead = addr.port().to_string();
+    one_line_error(
+        &ublk_nvmf(&["identify", "-a", "127.0.0.1", "-s", &dead, "-n", "nqn.x"]),
+        "cannot connect to 127.0.0.1",
+    );
+    one_line_error(
+        &ublk_nvmf(&["discover", "-a", "127.0.0.1", "-s", &dead]),
+        "cannot connect",
+    );
+    let t = FakeTarget::new(FakeConfig {
+        allowed_hosts: Some(vec!["nqn.2026-01.io.test:other".into()]),
+        ..FakeConfig::default()
+    });
+    let s = t.serve();
+    let port = s.addr().port().to_string();
+    one_line_error(
+        &ublk_nvmf(&[
+            "identify",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port,
+            "-n",
+            "nqn.2026-01.io.test:nope",
+            "--hostnqn",
+            HOST,
+        ]),
+        "no such subsystem NQN",
+    );
+    one_line_error(
+        &ublk_nvmf(&[
+            "bench",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port,
+            "-n",
+            &t.config().subnqn,
+            "--hostnqn",
+            HOST,
+        ]),
+        "host NQN not allowed",
+    );
+    one_line_error(
+        &ublk_nvmf(&[
+            "bench",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port,
+            "-n",
+            "x",
+            "--rw",
+            "sideways",
+        ]),
+        "--rw 'sideways'",
+    );
+}
