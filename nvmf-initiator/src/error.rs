@@ -178,14 +178,17 @@ impl Error {
         Self::Io(Arc::new(e))
     }
 
-    /// Whether a reconnect loop should keep trying after this error (a
-    /// refused host or an unknown subsystem will not fix itself).
+    /// Whether a reconnect loop should keep trying after this error. A
+    /// Connect refusal counts as transient: while a port is being
+    /// reconfigured a target refuses a subsystem it will serve again a
+    /// moment later (only `ctrl_loss_tmo` ends the loop, as for the kernel
+    /// host). A first connection is never retried, so a wrong NQN is still
+    /// reported at once.
     pub fn is_transient(&self) -> bool {
-        match self {
-            Self::ConnectRefused(r) => r.is_transient(),
-            Self::Unsupported(_) | Self::InvalidRequest(_) | Self::Shutdown => false,
-            _ => true,
-        }
+        !matches!(
+            self,
+            Self::Unsupported(_) | Self::InvalidRequest(_) | Self::Shutdown
+        )
     }
 }
 

@@ -333,13 +333,15 @@ mod tests {
     }
 
     #[test]
-    fn permanent_refusal_gives_up_at_once() {
+    fn permanent_errors_give_up_at_once_refusals_do_not() {
         let t0 = Instant::now();
         let mut r = Recovery::new("c", policy());
         r.on_failure(t0, &Error::ConnectionClosed);
-        let refused = Error::ConnectRefused(crate::error::ConnectRefusal::HostNotAllowed);
+        let refused = Error::ConnectRefused(crate::error::ConnectRefusal::UnknownSubsystem);
         r.on_attempt_failed(t0, &refused);
-        assert!(matches!(r.phase(), Phase::Lost(Error::ConnectRefused(_))));
+        assert!(matches!(r.phase(), Phase::Reconnecting { .. }));
+        r.on_attempt_failed(t0, &Error::Unsupported("SGLs"));
+        assert!(matches!(r.phase(), Phase::Lost(Error::Unsupported(_))));
     }
 
     #[test]

@@ -426,7 +426,10 @@ impl<'a> Job<'a> {
         let depth = self.opts.iodepth.max(1) as usize;
         let mut in_flight = 0usize;
         loop {
-            let stop = until.is_some_and(|u| Instant::now() >= u);
+            // Like fio, a job stops at its first error: what follows a
+            // failed write cannot be verified, and a lost controller
+            // would only produce more of the same.
+            let stop = until.is_some_and(|u| Instant::now() >= u) || self.report.failed();
             while !stop && in_flight < depth {
                 match self.pick() {
                     Some((unit, write)) => {
@@ -447,9 +450,6 @@ impl<'a> Job<'a> {
             if stop && in_flight == 0 {
                 return;
             }
-            if !stop && until.is_none() && in_flight == 0 {
-                return;
-            }
         }
     }
 
@@ -459,7 +459,7 @@ impl<'a> Job<'a> {
         let mut unit = 0u64;
         let mut in_flight = 0usize;
         while unit < self.units || in_flight > 0 {
-            while unit < self.units && in_flight < depth {
+            while unit < self.units && in_flight < depth && !self.report.failed() {
                 self.submit(unit, true);
                 unit += 1;
                 in_flight += 1;
@@ -564,7 +564,7 @@ pub fn run(ctrl: &Controller, opts: &BenchOptions) -> Result<Report, Error> {
                     let until = (!opts.runtime.is_zero()).then(|| start + opts.runtime);
                     job.run(until, true);
                     job.report.elapsed = start.elapsed();
-                    if opts.verify {
+                    if opts.verify && !job.report.failed() {
                         job.verify_all();
                     }
                     job.report
