@@ -17,4 +17,5 @@ pub mod connection;
 pub mod controller;
 pub mod pipeline;
 pub mod server;
+pub mod simulate;
 pub mod target;

@@ -72,7 +72,11 @@ pub struct JsonOutput<'a> {
 /// Runs the experiments, writes the report (unless `no_report`) and prints
 /// JSON (if `json`).
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
-    let scale = if args.quick { Scale::Quick } else { Scale::Full };
+    let scale = if args.quick {
+        Scale::Quick
+    } else {
+        Scale::Full
+    };
     run_at_scale(args, scale)
 }
 
@@ -184,7 +188,13 @@ mod tests {
             bar: &checks,
         })
         .unwrap();
-        for key in ["f_util", "f_util_deviation", "utilization", "p99_us", "p999_us"] {
+        for key in [
+            "f_util",
+            "f_util_deviation",
+            "utilization",
+            "p99_us",
+            "p999_us",
+        ] {
             assert!(json.contains(key), "{key} missing");
         }
     }

@@ -149,11 +149,16 @@ fn draw_bars(path: &Path, bars: &Bars) -> anyhow::Result<()> {
     };
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
         .disable_x_mesh()
         .x_labels(0)
         .y_desc(bars.y_desc.as_str())
         .y_label_formatter(&label)
-        .y_labels(if bars.log_y { y_max.floor() as usize + 1 } else { 8 })
+        .y_labels(if bars.log_y {
+            y_max.floor() as usize + 1
+        } else {
+            8
+        })
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 14))
         .draw()
@@ -376,6 +381,7 @@ fn draw_dynamic_bandwidth(
         .plot_err()?;
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
         .x_desc("time (s)")
         .y_desc("MB/s")
         .label_style((FONT, 13))
@@ -402,7 +408,11 @@ fn draw_dynamic_bandwidth(
             .map(|s| {
                 (
                     s.at_ns as f64 / 1e9,
-                    s.worker_bandwidth_bytes_per_sec.get(i).copied().unwrap_or(0.0) / 1e6,
+                    s.worker_bandwidth_bytes_per_sec
+                        .get(i)
+                        .copied()
+                        .unwrap_or(0.0)
+                        / 1e6,
                 )
             })
             .collect();
@@ -414,9 +424,9 @@ fn draw_dynamic_bandwidth(
                 IoKind::Read => "read workers (≤ 200 MB/s each)",
                 IoKind::Write => "write workers (≤ 60 MB/s each)",
             };
-            series
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            series.label(label).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
         }
     }
     chart
@@ -465,6 +475,7 @@ fn draw_dynamic_latency(run: &DynamicRun, path: &Path) -> anyhow::Result<()> {
         .set_secondary_coord(0f64..x_max, 0f64..10f64);
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
         .x_desc("time (s)")
         .y_desc("mean device latency (log scale)")
         .y_label_formatter(&|v| format_us(10f64.powf(*v)))
@@ -494,7 +505,9 @@ fn draw_dynamic_latency(run: &DynamicRun, path: &Path) -> anyhow::Result<()> {
             .draw_series(LineSeries::new(points, color.stroke_width(2)))
             .plot_err()?
             .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
     }
     if has_cost {
         chart

@@ -54,7 +54,10 @@ use crate::types::IoKind;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scale {
-    /// Short runs for tests: tens of simulated milliseconds each.
+    /// Runs of a few simulated milliseconds: only for testing the plumbing
+    /// (reports, serialization); nothing has converged.
+    Tiny,
+    /// Short runs for tests: a few hundred simulated milliseconds each.
     Quick,
     /// The report: hundreds of simulated milliseconds each.
     Full,
@@ -63,6 +66,7 @@ pub enum Scale {
 impl Scale {
     fn warmup_ns(self) -> u64 {
         match self {
+            Scale::Tiny => 2 * NANOS_PER_MILLI,
             Scale::Quick => 300 * NANOS_PER_MILLI,
             Scale::Full => 500 * NANOS_PER_MILLI,
         }
@@ -70,6 +74,7 @@ impl Scale {
 
     fn measured_ns(self) -> u64 {
         match self {
+            Scale::Tiny => 4 * NANOS_PER_MILLI,
             Scale::Quick => 100 * NANOS_PER_MILLI,
             Scale::Full => 1000 * NANOS_PER_MILLI,
         }
@@ -79,6 +84,7 @@ impl Scale {
     /// steady state at once.
     fn calibration_ns(self) -> (u64, u64) {
         match self {
+            Scale::Tiny => (2 * NANOS_PER_MILLI, 4 * NANOS_PER_MILLI),
             Scale::Quick => (50 * NANOS_PER_MILLI, 100 * NANOS_PER_MILLI),
             Scale::Full => (100 * NANOS_PER_MILLI, 500 * NANOS_PER_MILLI),
         }
@@ -86,6 +92,7 @@ impl Scale {
 
     fn dynamic_interval_ns(self) -> u64 {
         match self {
+            Scale::Tiny => 2 * NANOS_PER_MILLI,
             Scale::Quick => 40 * NANOS_PER_MILLI,
             Scale::Full => 500 * NANOS_PER_MILLI,
         }
