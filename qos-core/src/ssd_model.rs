@@ -472,7 +472,9 @@ impl SsdModel {
         // over the dies.
         let scatter_below = (self.fragmentation * u64::MAX as f64) as u64;
         let dies = u64::from(self.config.dies);
-        let mut senses: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+        // Pages of one sense unit are consecutive, so grouping adjacent
+        // pages with the same key finds every sense.
+        let mut senses: Vec<((u64, u64), u64)> = Vec::with_capacity(pages.min(64) as usize);
         for page in first_page..first_page + pages {
             let key = if mix(self.config.seed ^ 0x5CA7, page) < scatter_below {
                 let die = mix(self.config.seed ^ 0xD1E, page) % dies;
@@ -481,7 +483,10 @@ impl SsdModel {
                 let unit = page / self.pages_per_sense;
                 (unit % dies, unit)
             };
-            *senses.entry(key).or_default() += 1;
+            match senses.last_mut() {
+                Some((last, count)) if *last == key => *count += 1,
+                _ => senses.push((key, 1)),
+            }
         }
         let mut data_ready = ready;
         for ((die, _), sense_pages) in senses {
@@ -705,7 +710,12 @@ impl SsdModel {
             self.pending_frees.pop_first();
             self.pending_free_pages -= pages;
         }
+        let flushable = self.flush_jobs.iter().any(Option::is_some)
+            || self.unscheduled_pages.len() as u64 >= self.pages_per_program;
         for die in 0..self.dies.len() {
+            if !flushable {
+                break;
+            }
             // Bounded: each pass reserves one operation that starts before
             // `now` and lasts at least 1 ns, or stops.
             loop {

@@ -44,7 +44,7 @@
 //!   its finish tag instead of being moved up to `v`. `dispatch_depth` is
 //!   128, enough for every standalone workload to reach its maximum.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
@@ -469,7 +469,8 @@ impl TargetScheduler for FlashFq {
 #[derive(Debug)]
 pub struct Gimbal {
     switch: GimbalSwitch<TargetRequest>,
-    request_ids: BTreeMap<usize, RequestId>,
+    /// Switch request id by engine handle (handles are small and reused).
+    request_ids: Vec<Option<RequestId>>,
 }
 
 /// Priority level of every simulated request: NVMe "medium", where
@@ -487,7 +488,7 @@ impl Gimbal {
         }
         Gimbal {
             switch,
-            request_ids: BTreeMap::new(),
+            request_ids: Vec::new(),
         }
     }
 
@@ -510,7 +511,10 @@ impl TargetScheduler for Gimbal {
                 request,
             )
             .expect("registered tenant");
-        self.request_ids.insert(request.handle, id);
+        if self.request_ids.len() <= request.handle {
+            self.request_ids.resize(request.handle + 1, None);
+        }
+        self.request_ids[request.handle] = Some(id);
     }
 
     fn poll_dispatch(&mut self, now: Nanos) -> Option<TargetRequest> {
@@ -524,7 +528,8 @@ impl TargetScheduler for Gimbal {
     fn complete(&mut self, now: Nanos, request: TargetRequest) -> u32 {
         let id = self
             .request_ids
-            .remove(&request.handle)
+            .get_mut(request.handle)
+            .and_then(Option::take)
             .expect("dispatched request has an id");
         let done = self
             .switch
