@@ -1114,13 +1114,9 @@ impl IoQueue {
     pub fn submit(&mut self, request: Request<Vec<u8>>) {
         if let Some(conn) = self.conn.as_mut() {
             match conn.q.submit(Instant::now(), request) {
-                Ok(()) => {
-                    self.in_flight += 1;
-                    // Send now: `wait` may not be called before the next submit.
-                    if let Err(e) = conn.pump(Some(Instant::now())) {
-                        self.cause = Some(e);
-                    }
-                }
+                // Sent by the next `wait` (or `flush`): a burst of
+                // submissions goes out in one write.
+                Ok(()) => self.in_flight += 1,
                 Err(r) => match r.error {
                     Error::QueueClosed => self.dispose(r.request),
                     e => self.ready.push_back(IoCompletion::failed(r.request, e)),
@@ -1141,6 +1137,14 @@ impl IoQueue {
                 drop(s);
                 self.ready.push_back(IoCompletion::failed(request, e));
             }
+        }
+    }
+
+    /// Send what `submit` queued without waiting for anything (for a caller
+    /// that submits and then does other work before `wait`).
+    pub fn flush(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.flush_tx();
         }
     }
 
