@@ -93,7 +93,12 @@ pub fn run_at_scale(args: &SimulateArgs, scale: Scale) -> anyhow::Result<()> {
     let checks = check_bar(&suite.utilization, &suite.fairness);
     let elapsed = started.elapsed();
     if !args.no_report {
-        write_report(&suite, &checks, &args.out_dir, elapsed.as_secs_f64())?;
+        write_report(&suite, &checks, &args.out_dir)?;
+        eprintln!(
+            "wrote {} in {:.1} s",
+            args.out_dir.join("qos-simulation.md").display(),
+            elapsed.as_secs_f64()
+        );
     }
     if args.json {
         let out = JsonOutput {
@@ -110,13 +115,12 @@ pub fn write_report(
     suite: &SuiteResult,
     checks: &[BarCheck],
     out_dir: &Path,
-    elapsed_secs: f64,
 ) -> anyhow::Result<()> {
     let image_dir = out_dir.join("qos-simulation");
     std::fs::create_dir_all(&image_dir)
         .with_context(|| format!("creating {}", image_dir.display()))?;
     let images = plots::draw_all(suite, &image_dir)?;
-    let markdown = report::render(suite, checks, &images, elapsed_secs);
+    let markdown = report::render(suite, checks, &images);
     let path = out_dir.join("qos-simulation.md");
     std::fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
