@@ -768,6 +768,78 @@ impl Controller {
         Ok(q)
     }
 
+    /// For a driver that runs its own [`Queue`] per I/O queue (the ublk
+    /// server's io_uring pump): reserve an I/O queue ID and get the
+    /// [`QueueConfig`] to connect it with, and the controller epoch it
+    /// belongs to. The admin queue, keep-alive and reconnect stay with this
+    /// handle; the pump reports its failures with [`Controller::report_failure`]
+    /// and, after [`Controller::wait_live`] returns a newer epoch, opens a new
+    /// [`Queue`] with a fresh config (the controller ID changes). Release the
+    /// ID with [`Controller::release_qid`].
+    pub fn io_queue_config(&self, class: PriorityClass) -> Result<(u64, QueueConfig)> {
+        let mut s = self.shared.lock();
+        let qid = match s.free_qids.pop() {
+            Some(q) => q,
+            None if s.next_qid <= s.info.io_queues => {
+                s.next_qid += 1;
+                s.next_qid - 1
+            }
+            None => return Err(Error::InvalidRequest("all granted I/O queues are in use")),
+        };
+        Ok((s.epoch, self.config_for(&s, qid, class)))
+    }
+
+    /// The config to reconnect I/O queue `qid` with, in the current epoch.
+    pub fn io_queue_reconnect_config(&self, qid: u16, class: PriorityClass) -> (u64, QueueConfig) {
+        let s = self.shared.lock();
+        (s.epoch, self.config_for(&s, qid, class))
+    }
+
+    fn config_for(&self, s: &CtrlState, qid: u16, class: PriorityClass) -> QueueConfig {
+        let opts = &self.shared.opts;
+        let depth = opts.queue_depth.min(s.info.max_queue_depth).max(2);
+        let mut cfg = QueueConfig::io(&opts.admin_config(), qid, s.info.cntlid, depth);
+        cfg.priority = class;
+        cfg.max_transfer_bytes = s.info.max_transfer_bytes;
+        cfg.in_capsule_bytes = s.info.in_capsule_bytes;
+        cfg
+    }
+
+    /// Give back an I/O queue ID from [`Controller::io_queue_config`].
+    pub fn release_qid(&self, qid: u16) {
+        self.shared.lock().free_qids.push(qid);
+    }
+
+    /// The controller epoch: bumped by every successful reconnect.
+    pub fn epoch(&self) -> u64 {
+        self.shared.lock().epoch
+    }
+
+    /// A connection of `epoch` failed: reset the controller (once, however
+    /// many queues report it).
+    pub fn report_failure(&self, epoch: u64, err: &Error) {
+        self.shared.report(epoch, err);
+    }
+
+    /// What to do now with I/O that has no connection (requeue, or fail
+    /// after `fast_io_fail_tmo` / when lost), and the error to fail it with.
+    pub fn disposition(&self) -> std::result::Result<(), Error> {
+        let s = self.shared.lock();
+        match s.recovery.disposition(Instant::now()) {
+            Disposition::Requeue => Ok(()),
+            Disposition::Fail(kind) => {
+                let cause = s.cause.clone().unwrap_or(Error::QueueClosed);
+                Err(s.recovery.error_for(kind, &cause))
+            }
+        }
+    }
+
+    /// Wait until the controller is live (its epoch) or lost (the error),
+    /// at most `timeout`.
+    pub fn wait_until_live(&self, timeout: Duration) -> Result<u64> {
+        self.wait_live(Some(Instant::now() + timeout))
+    }
+
     fn block_size(&self, nsid: u32) -> Result<u32> {
         if let Some(b) = self
             .block_sizes

@@ -275,3 +275,22 @@ fn keep_alive_silence_resets_the_controller() {
     let mut data = vec![0u8; 512];
     c.read(1, 0, &mut data).unwrap();
 }
+
+#[test]
+fn hooks_for_an_external_pump_follow_resets() {
+    let (t, s) = start(FakeConfig::default());
+    let c = Controller::connect(opts(s.addr(), &t)).unwrap();
+    let (epoch, cfg) = c.io_queue_config(PriorityClass::High).unwrap();
+    assert_eq!(epoch, 0);
+    assert_eq!(cfg.cntlid, c.info().cntlid);
+    assert_eq!(cfg.priority, PriorityClass::High);
+    assert!(cfg.qid >= 1);
+    assert!(c.disposition().is_ok());
+    c.report_failure(epoch, &Error::ConnectionClosed);
+    let new_epoch = c.wait_until_live(Duration::from_secs(10)).unwrap();
+    assert_eq!(new_epoch, 1);
+    let (e2, cfg2) = c.io_queue_reconnect_config(cfg.qid, PriorityClass::High);
+    assert_eq!(e2, 1);
+    assert_ne!(cfg2.cntlid, cfg.cntlid, "a new controller after the reset");
+    c.release_qid(cfg.qid);
+}
