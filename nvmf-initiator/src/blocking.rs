@@ -773,7 +773,7 @@ impl Controller {
     /// [`QueueConfig`] to connect it with, and the controller epoch it
     /// belongs to. The admin queue, keep-alive and reconnect stay with this
     /// handle; the pump reports its failures with [`Controller::report_failure`]
-    /// and, after [`Controller::wait_live`] returns a newer epoch, opens a new
+    /// and, after [`Controller::wait_until_live`] returns a newer epoch, opens a new
     /// [`Queue`] with a fresh config (the controller ID changes). Release the
     /// ID with [`Controller::release_qid`].
     pub fn io_queue_config(&self, class: PriorityClass) -> Result<(u64, QueueConfig)> {
