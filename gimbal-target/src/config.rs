@@ -163,6 +163,19 @@ pub enum BackendConfig {
         /// Size in bytes.
         size_bytes: u64,
     },
+    /// Memory with the latencies of a simulated SSD (qos-core's model of
+    /// the Gimbal paper's device), imposed in real time: lets the switch be
+    /// watched end to end without real SSDs.
+    Sim {
+        /// Size in bytes.
+        size_bytes: u64,
+        /// Preconditioned state of the simulated device.
+        profile: SimProfile,
+        /// Every modeled latency is multiplied by this (≥ 1), so the device
+        /// can be made slower than the hosts driving it (e.g. in an emulated
+        /// VM).
+        time_scale: f64,
+    },
     /// A file or block device.
     File {
         /// Path to the file or device.
@@ -180,6 +193,7 @@ impl BackendConfig {
             BackendConfig::Ram { .. } => "ram",
             BackendConfig::Null { .. } => "null",
             BackendConfig::File { .. } => "file",
+            BackendConfig::Sim { .. } => "sim",
         }
     }
 }
@@ -231,6 +245,22 @@ struct RawNamespace {
     qos: Option<Spanned<QosMode>>,
     #[serde(default)]
     gimbal: Option<Spanned<GimbalConfig>>,
+    #[serde(default)]
+    profile: Option<Spanned<SimProfile>>,
+    #[serde(default)]
+    time_scale: Option<Spanned<f64>>,
+}
+
+/// How a simulated SSD was preconditioned (the paper's Clean-SSD and
+/// Fragment-SSD).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SimProfile {
+    /// Preconditioned with large sequential writes.
+    #[default]
+    Clean,
+    /// Preconditioned with small random writes: writes cost more.
+    Fragmented,
 }
 
 /// A size written as an integer (bytes) or a string with a unit.
@@ -573,7 +603,52 @@ fn validate_namespace(
         }
     };
     let kind = rn.backend.get_ref().as_str();
+    if kind != "sim" {
+        if let Some(p) = &rn.profile {
+            return cx.err(
+                p.span(),
+                Some("profile"),
+                "only a `sim` namespace takes a profile".into(),
+            );
+        }
+        if let Some(t) = &rn.time_scale {
+            return cx.err(
+                t.span(),
+                Some("time_scale"),
+                "only a `sim` namespace takes a time_scale".into(),
+            );
+        }
+    }
     let backend = match kind {
+        "sim" => {
+            let Some((size_bytes, _)) = size else {
+                return cx.err(
+                    rn.backend.span(),
+                    Some("size"),
+                    "a `sim` namespace needs a size".into(),
+                );
+            };
+            let time_scale = match &rn.time_scale {
+                None => 1.0,
+                Some(t)
+                    if t.get_ref().is_finite() && *t.get_ref() >= 1.0 && *t.get_ref() <= 1e6 =>
+                {
+                    *t.get_ref()
+                }
+                Some(t) => {
+                    return cx.err(
+                        t.span(),
+                        Some("time_scale"),
+                        format!("{} must be between 1 and 1000000", t.get_ref()),
+                    )
+                }
+            };
+            BackendConfig::Sim {
+                size_bytes,
+                profile: rn.profile.map(|p| p.into_inner()).unwrap_or_default(),
+                time_scale,
+            }
+        }
         "ram" | "null" => {
             let Some((size_bytes, _)) = size else {
                 return cx.err(
@@ -612,7 +687,7 @@ fn validate_namespace(
             return cx.err(
                 rn.backend.span(),
                 Some("backend"),
-                format!("unknown backend `{other}` (use ram, null or file)"),
+                format!("unknown backend `{other}` (use ram, null, file or sim)"),
             )
         }
     };

@@ -22,6 +22,9 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Run the Gimbal paper's experiments in simulation and regenerate
+    /// docs/qos-simulation.md (or print metrics with --json).
+    Simulate(gimbal_target::simulate::SimulateArgs),
     /// Check a config file and print what it describes.
     Check {
         /// The TOML configuration.
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
         Command::Run { config } => TargetConfig::load(&config)
             .map_err(anyhow::Error::from)
             .and_then(gimbal_target::server::run),
+        Command::Simulate(args) => gimbal_target::simulate::run(&args),
         Command::Check { config } => TargetConfig::load(&config)
             .map(|c| {
                 for s in &c.subsystems {

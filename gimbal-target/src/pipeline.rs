@@ -224,8 +224,14 @@ struct GimbalStage {
 type Ready = Vec<(RequestId, Queued)>;
 
 impl GimbalStage {
+    /// The switch's clock: the device's time (see `Backend::time_scale`).
     fn now(&self) -> Nanos {
-        Nanos(self.epoch.elapsed().as_nanos() as u64)
+        Nanos((self.epoch.elapsed().as_nanos() as f64 / self.backend.time_scale()) as u64)
+    }
+
+    /// Real time to wait for `device_ns` of device time.
+    fn real_duration(&self, device_ns: u64) -> Duration {
+        Duration::from_nanos((device_ns as f64 * self.backend.time_scale()) as u64)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, GimbalState> {
@@ -324,7 +330,8 @@ async fn pacing_timer(g: Arc<GimbalStage>) {
         // Nothing held back: only a submission can change that, and it
         // notifies; the periodic tick is a safety net.
         let wait = next.map_or(Duration::from_millis(100), |t| {
-            Duration::from_nanos(t.nanos_since(now)).max(Duration::from_micros(20))
+            g.real_duration(t.nanos_since(now))
+                .max(Duration::from_micros(20))
         });
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}

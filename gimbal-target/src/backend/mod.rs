@@ -10,6 +10,7 @@
 mod file;
 mod null;
 mod ram;
+mod sim;
 
 use std::borrow::Cow;
 use std::io;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
+pub use sim::SimBackend;
 
 use crate::config::BackendConfig;
 
@@ -64,6 +66,13 @@ pub trait Backend: Send + Sync + 'static {
     fn may_block(&self) -> bool {
         false
     }
+    /// How many times slower than real time the device's own clock runs (1
+    /// for real devices; a `sim` device's `time_scale`). The Gimbal switch
+    /// runs on the device's clock, so its latency thresholds and rates
+    /// keep their meaning on a slowed-down simulated device.
+    fn time_scale(&self) -> f64 {
+        1.0
+    }
 }
 
 /// Opens the backend a namespace configuration describes.
@@ -71,6 +80,11 @@ pub fn open(config: &BackendConfig, block_size: u32) -> io::Result<Arc<dyn Backe
     Ok(match config {
         BackendConfig::Ram { size_bytes } => Arc::new(RamBackend::new(*size_bytes)),
         BackendConfig::Null { size_bytes } => Arc::new(NullBackend::new(*size_bytes)),
+        BackendConfig::Sim {
+            size_bytes,
+            profile,
+            time_scale,
+        } => Arc::new(SimBackend::new(*size_bytes, *profile, *time_scale)?),
         BackendConfig::File { path, size_bytes } => {
             Arc::new(FileBackend::open(path, *size_bytes, block_size)?)
         }
