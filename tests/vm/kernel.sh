@@ -58,7 +58,16 @@ fi
 log "fetching $pkg"
 rm -rf "$dir.tmp"
 mkdir -p "$dir.tmp/deb"
-(cd "$dir.tmp/deb" && apt-get download "$pkg") >&2
+if ! (cd "$dir.tmp/deb" && apt-get download "$pkg") >&2; then
+    # A stale package list names a version the mirror no longer has.
+    log "download failed; refreshing the package index and retrying once"
+    apt-get update -q >&2
+    pkg=$(pick_package)
+    dir="$CACHE/$pkg"
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp/deb"
+    (cd "$dir.tmp/deb" && apt-get download "$pkg") >&2
+fi
 dpkg-deb -x "$dir.tmp"/deb/*.deb "$dir.tmp/root"
 rm -rf "$dir.tmp/deb"
 version=$(ls "$dir.tmp/root/lib/modules")
