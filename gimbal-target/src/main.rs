@@ -21,6 +21,10 @@ enum Command {
         /// The TOML configuration (see examples/target.toml).
         #[arg(short, long)]
         config: PathBuf,
+        /// Log the virtual view of every Gimbal namespace (one
+        /// `gimbal-view ...` line each) every SECS seconds; 0 turns it off.
+        #[arg(long, value_name = "SECS", default_value_t = 10)]
+        status_interval: u64,
     },
     /// Run the Gimbal paper's experiments in simulation and regenerate
     /// docs/qos-simulation.md (or print metrics with --json).
@@ -39,9 +43,17 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run { config } => TargetConfig::load(&config)
+        Command::Run {
+            config,
+            status_interval,
+        } => TargetConfig::load(&config)
             .map_err(anyhow::Error::from)
-            .and_then(gimbal_target::server::run),
+            .and_then(|c| {
+                gimbal_target::server::run_with_status(
+                    c,
+                    Some(std::time::Duration::from_secs(status_interval)),
+                )
+            }),
         Command::Simulate(args) => gimbal_target::simulate::run(&args),
         Command::Check { config } => TargetConfig::load(&config)
             .map(|c| {

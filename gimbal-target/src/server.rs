@@ -152,6 +152,15 @@ pub fn spawn(config: TargetConfig) -> anyhow::Result<TargetHandle> {
 /// Serves in the foreground until SIGTERM or SIGINT. Returns an error if
 /// the target cannot start or a backend fails to flush at shutdown.
 pub fn run(config: TargetConfig) -> anyhow::Result<()> {
+    run_with_status(config, None)
+}
+
+/// [`run`], logging the virtual view of every Gimbal namespace
+/// ([`Target::gimbal_status_lines`]) every `status_every`, at info level.
+pub fn run_with_status(
+    config: TargetConfig,
+    status_every: Option<std::time::Duration>,
+) -> anyhow::Result<()> {
     let target = Arc::new(Target::new(config)?);
     let rt = runtime()?;
     rt.block_on(async {
@@ -176,6 +185,22 @@ pub fn run(config: TargetConfig) -> anyhow::Result<()> {
                     n.config.qos
                 );
             }
+        }
+        if let Some(every) = status_every.filter(|d| !d.is_zero()) {
+            let t = target.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = t.shutdown.cancelled() => break,
+                    }
+                    for line in t.gimbal_status_lines() {
+                        log::info!("{line}");
+                    }
+                }
+            });
         }
         let t = target.clone();
         tokio::spawn(async move {

@@ -184,6 +184,57 @@ impl Target {
         *t.entry(host_nqn.to_string()).or_insert(next)
     }
 
+    /// The host NQN of a tenant index, if one was assigned.
+    pub fn tenant_nqn(&self, tenant: u32) -> Option<String> {
+        let t = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        t.iter().find(|(_, &i)| i == tenant).map(|(n, _)| n.clone())
+    }
+
+    /// The virtual view (§3.7) of every namespace that runs the Gimbal
+    /// switch, one structured `key=value` line each, in subsystem and NSID
+    /// order: what `gimbal-target run` logs periodically as its status.
+    /// Tenants appear as `tenant=<host NQN>:credit/queued/in_flight`.
+    pub fn gimbal_status_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for s in self.subsystems.values() {
+            for n in s.namespaces.values() {
+                let Some(v) = n.pipeline.virtual_view() else {
+                    continue;
+                };
+                let us = |ns: Option<u64>| ns.map_or("-".to_string(), |ns| (ns / 1000).to_string());
+                let mut line = format!(
+                    "gimbal-view subsystem={} nsid={} state={:?} target_rate_bps={} \
+                     read_headroom_bps={} write_headroom_bps={} write_cost={:.2} \
+                     read_latency_ewma_us={} write_latency_ewma_us={} allotted_slots={} \
+                     in_flight={} queued={}",
+                    s.nqn(),
+                    n.nsid,
+                    v.congestion_state,
+                    v.target_rate_bps,
+                    v.read_headroom_bps,
+                    v.write_headroom_bps,
+                    v.write_cost,
+                    us(v.read_latency_ewma_ns),
+                    us(v.write_latency_ewma_ns),
+                    v.allotted_slots,
+                    v.in_flight,
+                    v.queued
+                );
+                for t in &v.tenants {
+                    let name = self
+                        .tenant_nqn(t.tenant.0)
+                        .unwrap_or_else(|| t.tenant.to_string());
+                    line.push_str(&format!(
+                        " tenant={name}:{}/{}/{}",
+                        t.credit, t.queued, t.in_flight
+                    ));
+                }
+                lines.push(line);
+            }
+        }
+        lines
+    }
+
     /// Allocates a controller ID (1..=0xFFEF, the dynamic range) not in use.
     pub fn register_controller(
         &self,

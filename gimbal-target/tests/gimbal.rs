@@ -132,3 +132,30 @@ fn many_outstanding_requests_all_complete_through_the_switch() {
         }
     }
 }
+
+#[test]
+fn status_lines_show_each_switch_view_with_tenants() {
+    let t = start_target(CONFIG);
+    let addr = t.local_addrs()[0];
+    let admin = TestHost::bring_up(addr, false, false, 1);
+    let mut io = TestHost::connect_io(addr, admin.cntlid, 1, false, false);
+    let cqe = io.write(1, 0, &pattern(4096, 7), 512, 8192);
+    assert!(cqe.status.is_success());
+    let lines = t.target().gimbal_status_lines();
+    // Only namespace 1 runs the switch.
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    for key in [
+        "gimbal-view subsystem=nqn.2026-01.io.gimbal:demo nsid=1 ",
+        " state=",
+        " target_rate_bps=",
+        " read_headroom_bps=",
+        " write_headroom_bps=",
+        " write_cost=",
+        " write_latency_ewma_us=",
+        " in_flight=0 queued=0",
+        &format!(" tenant={HOST_NQN}:"),
+    ] {
+        assert!(line.contains(key), "{key:?} missing in {line}");
+    }
+}

@@ -1,0 +1,363 @@
+//! Closed-loop load against an in-process gimbal-target on loopback, for
+//! two host-side benchmarks (they report; they assert nothing):
+//!
+//! - `overhead`: a `null` namespace with `qos = "none"` and one with
+//!   `qos = "gimbal"` in the same target, 4 KiB random reads, interleaved
+//!   rounds. Prints IOPS and IOPS per target-CPU-second (the CPU time of
+//!   the target's own threads, the paper's "IOPS per core") for each.
+//! - `fairness`: two tenants (two host NQNs) on one `sim` namespace, alone
+//!   and together, with `qos = "gimbal"` and `"none"`; prints each tenant's
+//!   f-Util (§5.1: mixed bandwidth over half its standalone bandwidth).
+//!   The client ignores credits, like the kernel host.
+//!
+//! ```sh
+//! cargo run --release -p gimbal-target --example loadgen -- overhead [SECS] [ROUNDS] [JOBS] [QD]
+//! cargo run --release -p gimbal-target --example loadgen -- fairness [SECS] [TIME_SCALE] [sizes|types]
+//! ```
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gimbal_target::config::TargetConfig;
+use gimbal_target::server::{spawn, TargetHandle};
+use nvmf_initiator::blocking::{ConnectOptions, Controller, HostIdentity};
+use nvmf_initiator::queue::{Command, Request};
+use nvmf_proto::fabrics::PriorityClass;
+
+const SUBNQN: &str = "nqn.2026-01.io.gimbal:bench";
+
+fn start(toml: &str) -> TargetHandle {
+    let cfg = TargetConfig::parse(Path::new("loadgen.toml"), toml).expect("config");
+    spawn(cfg).expect("target starts")
+}
+
+/// One closed-loop job's shape.
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    nsid: u32,
+    bs: u32,
+    qd: usize,
+    write: bool,
+    /// Sequential (for 128 KiB) or random offsets.
+    random: bool,
+}
+
+/// Runs `jobs` (one I/O queue each, on one controller of host `host`) for
+/// `secs`; returns completed bytes per job.
+fn run_jobs(
+    addr: SocketAddr,
+    host: &HostIdentity,
+    jobs: &[Job],
+    secs: f64,
+    stop: Arc<AtomicBool>,
+) -> Vec<(u64, u64)> {
+    let mut opts = ConnectOptions::new(addr, SUBNQN);
+    opts.host = host.clone();
+    opts.io_queues = jobs.len() as u16;
+    let ctrl = Arc::new(Controller::connect(opts).expect("connect"));
+    let ns_blocks: u64 = 256 * 1024 * 1024 / 512;
+    let threads: Vec<_> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, &job)| {
+            let ctrl = ctrl.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut q = ctrl.io_queue(PriorityClass::Medium).expect("io queue");
+                let blocks = u64::from(job.bs / 512);
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((i as u64 + 1) * 0x1234_5678);
+                let mut seq = 0u64;
+                let mut next_slba = move || {
+                    if job.random {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        (rng % (ns_blocks / blocks)) * blocks
+                    } else {
+                        seq = (seq + blocks) % (ns_blocks - blocks);
+                        seq
+                    }
+                };
+                let submit = |q: &mut nvmf_initiator::blocking::IoQueue, slba: u64, buf| {
+                    let command = if job.write {
+                        Command::Write {
+                            nsid: job.nsid,
+                            slba,
+                            block_size: 512,
+                            fua: false,
+                        }
+                    } else {
+                        Command::Read {
+                            nsid: job.nsid,
+                            slba,
+                            block_size: 512,
+                        }
+                    };
+                    q.submit(Request {
+                        command,
+                        buf: Some(buf),
+                        user_data: 0,
+                    });
+                };
+                for _ in 0..job.qd {
+                    submit(&mut q, next_slba(), vec![0u8; job.bs as usize]);
+                }
+                let start = Instant::now();
+                let deadline = start + Duration::from_secs_f64(secs);
+                let mut done = 0u64;
+                let mut errors = 0u64;
+                while let Some(c) = q.wait() {
+                    match &c.result {
+                        Ok(info) if info.status.is_success() => done += 1,
+                        other => {
+                            errors += 1;
+                            if errors == 1 {
+                                eprintln!("job {i}: {other:?}");
+                            }
+                        }
+                    }
+                    if Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                        let buf = c.buf.unwrap_or_else(|| vec![0u8; job.bs as usize]);
+                        submit(&mut q, next_slba(), buf);
+                    }
+                }
+                let elapsed = start.elapsed().as_nanos() as u64;
+                let _ = q.disconnect();
+                (done * u64::from(job.bs), elapsed)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// CPU time (user + system) of this process's threads named
+/// `gimbal-target*` (the target's runtime and blocking pool), in seconds.
+fn target_cpu_secs() -> f64 {
+    let tick = 100.0; // USER_HZ on Linux
+    let mut total = 0u64;
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for e in dir.flatten() {
+            let p = e.path();
+            let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+            if !comm.starts_with("gimbal-target") && !comm.starts_with("tokio-runtime") {
+                continue;
+            }
+            if let Ok(stat) = std::fs::read_to_string(p.join("stat")) {
+                // Fields after the ")" of comm: state is field 3; utime 14, stime 15.
+                let rest = stat.rsplit(')').next().unwrap_or("");
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                if f.len() > 13 {
+                    total += f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+    }
+    total as f64 / tick
+}
+
+fn overhead(args: &[String]) {
+    let secs: f64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(5.0);
+    let rounds: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
+    let jobs: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let qd: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(32);
+    let t = start(&format!(
+        r#"
+listen = ["127.0.0.1:0"]
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "null"
+size = "256MiB"
+qos = "none"
+[[subsystem.namespace]]
+nsid = 2
+backend = "null"
+size = "256MiB"
+qos = "gimbal"
+"#
+    ));
+    let addr = t.local_addrs()[0];
+    let host = HostIdentity::random();
+    let mut sums = [(0.0f64, 0.0f64); 2];
+    for round in 1..=rounds {
+        for (slot, (nsid, qos)) in [(1, "none"), (2, "gimbal")].into_iter().enumerate() {
+            let job = Job {
+                nsid,
+                bs: 4096,
+                qd,
+                write: false,
+                random: true,
+            };
+            let cpu0 = target_cpu_secs();
+            let res = run_jobs(
+                addr,
+                &host,
+                &vec![job; jobs],
+                secs,
+                Arc::new(AtomicBool::new(false)),
+            );
+            let cpu = target_cpu_secs() - cpu0;
+            let ios: u64 = res.iter().map(|r| r.0 / 4096).sum();
+            let elapsed = res.iter().map(|r| r.1).max().unwrap_or(1) as f64 / 1e9;
+            let iops = ios as f64 / elapsed;
+            let per_cpu = ios as f64 / cpu.max(0.01);
+            sums[slot].0 += iops;
+            sums[slot].1 += per_cpu;
+            println!(
+                "BENCH round={round} qos={qos} jobs={jobs} qd={qd} iops={iops:.0} target_cpu_s={cpu:.2} iops_per_target_cpu_s={per_cpu:.0}"
+            );
+        }
+    }
+    println!(
+        "BENCH summary gimbal/none iops_ratio={:.3} iops_per_cpu_ratio={:.3}",
+        sums[1].0 / sums[0].0,
+        sums[1].1 / sums[0].1
+    );
+}
+
+fn fairness(args: &[String]) {
+    let secs: f64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(10.0);
+    let scale: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(100.0);
+    let which = args.get(2).map(String::as_str).unwrap_or("sizes");
+    let (profile, a, b) = match which {
+        "types" => (
+            "fragmented",
+            Job {
+                nsid: 0,
+                bs: 4096,
+                qd: 32,
+                write: false,
+                random: true,
+            },
+            Job {
+                nsid: 0,
+                bs: 4096,
+                qd: 32,
+                write: true,
+                random: true,
+            },
+        ),
+        _ => (
+            "clean",
+            Job {
+                nsid: 0,
+                bs: 4096,
+                qd: 32,
+                write: false,
+                random: true,
+            },
+            Job {
+                nsid: 0,
+                bs: 128 * 1024,
+                qd: 4,
+                write: false,
+                random: true,
+            },
+        ),
+    };
+    let jobs_per_tenant: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4);
+    for (nsid, qos) in [(1u32, "gimbal"), (2, "none")] {
+        // A fresh target per qos: the sim device's state (write buffer,
+        // GC) must not carry over.
+        let t = start(&format!(
+            r#"
+listen = ["127.0.0.1:0"]
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = {nsid}
+backend = "sim"
+size = "256MiB"
+profile = "{profile}"
+time_scale = {scale}
+qos = "{qos}"
+"#
+        ));
+        let addr = t.local_addrs()[0];
+        let (ha, hb) = (HostIdentity::random(), HostIdentity::random());
+        let ja = vec![Job { nsid, ..a }; jobs_per_tenant];
+        let jb = vec![Job { nsid, ..b }; jobs_per_tenant];
+        let bw = |r: &[(u64, u64)]| -> f64 {
+            r.iter()
+                .map(|(bytes, ns)| *bytes as f64 / (*ns as f64 / 1e9))
+                .sum::<f64>()
+                / 1024.0
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let alone_a = bw(&run_jobs(addr, &ha, &ja, secs, stop.clone()));
+        let trace = std::env::var_os("LOADGEN_TRACE").is_some();
+        let done_flag = AtomicBool::new(false);
+        let alone_b = std::thread::scope(|s| {
+            let done = &done_flag;
+            let ns = t.target().subsystems[SUBNQN].namespaces[&nsid].clone();
+            if trace {
+                s.spawn(move || {
+                    while !done.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(500));
+                        if let Some(v) = ns.pipeline.virtual_view() {
+                            eprintln!(
+                                "trace state={:?} rate={} read_ewma={:?} thresh={} slots={} in_flight={} queued={}",
+                                v.congestion_state,
+                                v.target_rate_bps,
+                                v.read_latency_ewma_ns,
+                                v.read_latency_threshold_ns,
+                                v.allotted_slots,
+                                v.in_flight,
+                                v.queued
+                            );
+                        }
+                    }
+                });
+            }
+            let r = bw(&run_jobs(addr, &hb, &jb, secs, stop.clone()));
+            done.store(true, Ordering::Relaxed);
+            r
+        });
+        let (mix_a, mix_b) = std::thread::scope(|s| {
+            let ta = s.spawn(|| bw(&run_jobs(addr, &ha, &ja, secs, stop.clone())));
+            let mb = bw(&run_jobs(addr, &hb, &jb, secs, stop.clone()));
+            (ta.join().unwrap(), mb)
+        });
+        let fa = mix_a / (alone_a / 2.0);
+        let fb = mix_b / (alone_b / 2.0);
+        println!(
+            "BENCH experiment={which} qos={qos} time_scale={scale} alone_a_kibps={alone_a:.0} alone_b_kibps={alone_b:.0} mixed_a_kibps={mix_a:.0} mixed_b_kibps={mix_b:.0} futil_a={fa:.2} futil_b={fb:.2}"
+        );
+        if let Some(view) = t
+            .target()
+            .subsystems
+            .get(SUBNQN)
+            .and_then(|s| s.namespaces.get(&nsid))
+            .and_then(|n| n.pipeline.virtual_view())
+        {
+            println!(
+                "VIEW qos={qos} state={:?} target_rate_bps={} write_cost={:.2} read_lat_ewma_ns={:?} write_lat_ewma_ns={:?} allotted_slots={}",
+                view.congestion_state,
+                view.target_rate_bps,
+                view.write_cost,
+                view.read_latency_ewma_ns,
+                view.write_latency_ewma_ns,
+                view.allotted_slots
+            );
+        }
+        t.shutdown();
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("overhead") => overhead(&args[1..]),
+        Some("fairness") => fairness(&args[1..]),
+        _ => {
+            eprintln!("usage: loadgen overhead [SECS] [ROUNDS] [JOBS] [QD] | fairness [SECS] [TIME_SCALE] [sizes|types] [JOBS]");
+            std::process::exit(2);
+        }
+    }
+}
