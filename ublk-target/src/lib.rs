@@ -1,12 +1,27 @@
 //! `ublk-nvmf`: block devices served over NVMe/TCP.
 //!
-//! This crate holds the `ublk-nvmf` command and what it runs. So far:
-//! `discover`, `identify` and `bench` over the embedded initiator
-//! (`nvmf-initiator`); the ublk server itself (`run`, `add`, `del`, `list`,
-//! `status`, `recover`, `demo`) comes with the block device work.
+//! - [`config`]: one TOML file per volume; errors name file, line, field.
+//! - [`volume`]: the controller and namespace behind a device (grows into a
+//!   replica set), its geometry and counters.
+//! - [`mapping`]: the pure request handler: ublk (op, offset, length,
+//!   flags) → NVMe command, and device parameters from Identify data.
+//! - [`engine`]: per ublk queue, one NVMe/TCP I/O queue pumped on the
+//!   queue's own io_uring, with reconnect and requeue.
+//! - [`ublk`]: the one module that uses `libublk`.
+//! - [`state`]: saved device state under `/run/ublk-nvmf/` (for recovery,
+//!   `list`, udev) and the control socket (`status`, `del`).
+//! - [`notify`]: the systemd readiness protocol.
+//! - `bench`, `histogram`: the initiator benchmark.
 
 pub mod bench;
+pub mod config;
+pub mod engine;
 pub mod error;
 pub mod histogram;
+pub mod mapping;
+pub mod notify;
+pub mod state;
+pub mod ublk;
+pub mod volume;
 
 pub use error::Error;

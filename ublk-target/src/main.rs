@@ -1,5 +1,7 @@
 //! The `ublk-nvmf` command.
 
+mod daemon;
+
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,6 +27,51 @@ enum Cmd {
     Identify(SubsystemArgs),
     /// Load a namespace with fio-like I/O through the embedded initiator.
     Bench(BenchArgs),
+    /// Serve a volume as /dev/ublkbN in the foreground (for systemd).
+    Run {
+        /// Volume config file (TOML).
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// Start a volume in the background; prints its device once live.
+    Add {
+        /// Volume config file (TOML).
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// Stop a volume's server and delete its device.
+    Del {
+        /// Volume name.
+        name: String,
+    },
+    /// List volumes with saved state.
+    List,
+    /// A running volume's counters.
+    Status {
+        /// Volume name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reattach a device whose server died (same /dev/ublkbN; in-flight I/O
+    /// is reissued).
+    Recover {
+        /// Volume name.
+        name: String,
+    },
+    /// Try it: an in-process gimbal-target with a RAM namespace on loopback
+    /// and /dev/ublkbN over it, until Ctrl-C.
+    Demo {
+        /// Size of the RAM namespace.
+        #[arg(long, default_value = "1GiB")]
+        size: String,
+    },
+    /// For udev: print the volume name of a kernel device (ublkb0, ublkb0p1).
+    UdevName {
+        /// Kernel device name.
+        kernel: String,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -319,6 +366,17 @@ fn main() -> ExitCode {
         Cmd::Discover(t) => cmd_discover(t).map(|_| true),
         Cmd::Identify(s) => cmd_identify(s).map(|_| true),
         Cmd::Bench(b) => cmd_bench(b),
+        Cmd::Run { config } => ublk_target::config::VolumeConfig::load(config)
+            .map_err(anyhow::Error::from)
+            .and_then(|c| daemon::run(c, true))
+            .map(|_| true),
+        Cmd::Add { config } => daemon::add(config).map(|_| true),
+        Cmd::Del { name } => daemon::del(name).map(|_| true),
+        Cmd::List => daemon::list().map(|_| true),
+        Cmd::Status { name, json } => daemon::status(name, *json).map(|_| true),
+        Cmd::Recover { name } => daemon::recover(name).map(|_| true),
+        Cmd::Demo { size } => daemon::demo(size).map(|_| true),
+        Cmd::UdevName { kernel } => daemon::udev_name(kernel).map(|_| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

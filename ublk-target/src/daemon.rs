@@ -1,0 +1,375 @@
+//! The server subcommands: `run`, `demo`, `add`, `recover`, `del`, `list`,
+//! `status`, `udev-name`.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use ublk_target::config::{persistent_host_identity, VolumeConfig};
+use ublk_target::state::{self, DeviceState};
+use ublk_target::ublk::{self, DevState, Serve};
+use ublk_target::volume::Volume;
+
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    SIGNALLED.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT/SIGTERM set the returned flag (checked by the device loop).
+fn stop_on_signals() -> Arc<AtomicBool> {
+    // SAFETY: the handler only stores to an atomic (async-signal-safe).
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&stop);
+    std::thread::spawn(move || loop {
+        if SIGNALLED.load(Ordering::SeqCst) {
+            s2.store(true, Ordering::SeqCst);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    });
+    stop
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    pid > 0 && unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
+}
+
+/// What `run` should do with an existing saved state.
+fn recovery_target(dir: &Path, name: &str) -> anyhow::Result<Option<DeviceState>> {
+    let Some(st) = state::load(dir, name)? else {
+        return Ok(None);
+    };
+    if st.pid != std::process::id()
+        && pid_alive(st.pid)
+        && state::request(dir, name, "ping").is_ok()
+    {
+        bail!(
+            "volume {name} is already served by pid {} on {}",
+            st.pid,
+            st.device()
+        );
+    }
+    match ublk::device_state(st.dev_id) {
+        Some(DevState::Quiesced) => Ok(Some(st)),
+        Some(DevState::Live) => bail!(
+            "{} of volume {name} is live but its server is gone; stop it with `ublk-nvmf del {name}`",
+            st.device()
+        ),
+        Some(_) => {
+            // Dead or failing: nothing to recover, start afresh.
+            let _ = ublk::delete_device(st.dev_id);
+            state::remove(dir, name);
+            Ok(None)
+        }
+        None => {
+            state::remove(dir, name);
+            Ok(None)
+        }
+    }
+}
+
+/// Serve `config` in the foreground until SIGINT/SIGTERM (or `del`).
+/// `announce` prints the device path when live.
+pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
+    ublk::check_available()?;
+    let dir = state::run_dir();
+    let name = config.name.clone();
+    let recover = recovery_target(&dir, &name)?;
+    let host = match &config.host {
+        Some(h) => h.clone(),
+        None => persistent_host_identity(&state::lib_dir())
+            .with_context(|| format!("host identity in {}", state::lib_dir().display()))?,
+    };
+    let target = format!(
+        "{}:{} {}",
+        config.target.address, config.target.port, config.target.subnqn
+    );
+    let vol = Arc::new(
+        Volume::connect(config.clone(), host)
+            .with_context(|| format!("volume {name}: {target}"))?,
+    );
+    if let Some(st) = &recover {
+        if st.target != vol.identity {
+            bail!(
+                "volume {name}: {} was created for a different namespace ({:?}); refusing to recover it onto {:?}",
+                st.device(),
+                st.target,
+                vol.identity
+            );
+        }
+        log::warn!("volume {name}: recovering {}", st.device());
+    }
+    let stop = stop_on_signals();
+    let vol2 = Arc::clone(&vol);
+    let stop2 = Arc::clone(&stop);
+    let dir2 = dir.clone();
+    let cfg_path = std::fs::canonicalize(&config.path).unwrap_or(config.path.clone());
+    let on_live = Box::new(move |dev_id: u32| {
+        let st = DeviceState {
+            volume: vol2.config.name.clone(),
+            config: cfg_path,
+            dev_id,
+            pid: std::process::id(),
+            target: vol2.identity.clone(),
+        };
+        let device = st.device();
+        if let Err(e) = state::save(&dir2, &st) {
+            log::error!("saving state: {e}");
+        }
+        let v3 = Arc::clone(&vol2);
+        let dev3 = device.clone();
+        let stop3 = Arc::clone(&stop2);
+        if let Err(e) = state::serve_control(&dir2, &st.volume, move |line| match line {
+            "ping" => "pong\n".into(),
+            "status-json" => serde_json::to_string(&v3.snapshot(&dev3)).unwrap_or_default() + "\n",
+            "status" => format_status(&v3.snapshot(&dev3)),
+            "stop" => {
+                stop3.store(true, Ordering::SeqCst);
+                "stopping\n".into()
+            }
+            other => format!("error: unknown request {other:?}\n"),
+        }) {
+            log::error!("control socket: {e}");
+        }
+        let _ = ublk_target::notify::notify(&format!("READY=1\nSTATUS=serving {device}"));
+        if announce {
+            println!("{device}");
+        }
+        log::warn!("volume {}: {device} is live", st.volume);
+    });
+    let res = ublk::serve(
+        Serve {
+            volume: Arc::clone(&vol),
+            recover_id: recover.as_ref().map(|s| s.dev_id),
+            stop: Arc::clone(&stop),
+        },
+        on_live,
+    );
+    if stop.load(Ordering::SeqCst) {
+        state::remove(&dir, &name);
+    }
+    res?;
+    Ok(())
+}
+
+fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
+    format!(
+        "volume {}: {} -> {} {} ({})\n  reads {} ({} bytes), writes {} ({} bytes), flushes {}, discards {}\n  \
+         errors {}, in flight {}, queue failures {}, controller resets {}, sends {}\n",
+        s.volume,
+        s.device,
+        s.target,
+        s.subnqn,
+        if s.connected { "connected" } else { "reconnecting" },
+        s.reads,
+        s.read_bytes,
+        s.writes,
+        s.write_bytes,
+        s.flushes,
+        s.discards,
+        s.errors,
+        s.inflight,
+        s.queue_failures,
+        s.controller_resets,
+        s.sends
+    )
+}
+
+/// `demo`: an in-process gimbal-target with a RAM namespace on loopback and
+/// a device over it, until Ctrl-C.
+pub fn demo(size: &str) -> anyhow::Result<()> {
+    ublk::check_available()?;
+    let nqn = "nqn.2026-01.io.gimbal:ublk-nvmf-demo";
+    let text = format!(
+        "listen = [\"127.0.0.1:0\"]\n[[subsystem]]\nnqn = \"{nqn}\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = \"{size}\"\nblock_size = 4096\n"
+    );
+    let tcfg = gimbal_target::config::TargetConfig::parse(Path::new("<demo>"), &text)
+        .map_err(|e| anyhow!("--size: {e}"))?;
+    let target = gimbal_target::server::spawn(tcfg).context("starting the demo target")?;
+    let addr = *target
+        .local_addrs()
+        .first()
+        .ok_or_else(|| anyhow!("demo target has no address"))?;
+    eprintln!("demo: gimbal-target (RAM, {size}) on {addr}, subsystem {nqn}");
+    let vtext = format!(
+        "name = \"demo\"\n[target]\naddress = \"{}\"\nport = {}\nsubnqn = \"{nqn}\"\n\
+         [io]\nqueues = 1\nqueue_depth = 64\n[reconnect]\nreconnect_delay = 1\n",
+        addr.ip(),
+        addr.port()
+    );
+    let mut vcfg = VolumeConfig::parse(Path::new("<demo>"), &vtext)?;
+    vcfg.host = Some(nvmf_initiator::blocking::HostIdentity::random());
+    eprintln!("demo: serving until Ctrl-C");
+    let r = run(vcfg, true);
+    target.shutdown();
+    r
+}
+
+/// Start `run --config` in the background; return once the device is live.
+fn spawn_background(config: &Path, name: &str) -> anyhow::Result<DeviceState> {
+    let dir = state::run_dir();
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
+    let log_path = dir.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).with_context(|| log_path.display().to_string())?;
+    let exe = std::env::current_exe().context("own executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid in the child before exec detaches it from our
+    // terminal and session (no signals from the caller's Ctrl-C).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the server")?;
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(st) = state::load(&dir, name)?.filter(|s| s.pid == pid) {
+            if state::request(&dir, name, "ping").is_ok() {
+                return Ok(st);
+            }
+        }
+        if let Some(status) = child.try_wait()? {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| l.contains("error"))
+                .unwrap_or("")
+                .trim()
+                .trim_start_matches("ublk-nvmf: error: ")
+                .to_owned();
+            bail!(
+                "the server exited ({status}): {last} (log: {})",
+                log_path.display()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the server did not bring {name} up within 120 s (log: {})",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `add --config FILE`.
+pub fn add(config: &Path) -> anyhow::Result<()> {
+    ublk::check_available()?;
+    let c = VolumeConfig::load(config)?;
+    let st = spawn_background(config, &c.name)?;
+    println!("{}", st.device());
+    Ok(())
+}
+
+/// `recover NAME`: reattach a quiesced device left by a server that died.
+pub fn recover(name: &str) -> anyhow::Result<()> {
+    ublk::check_available()?;
+    let dir = state::run_dir();
+    let st = state::load(&dir, name)?
+        .ok_or_else(|| anyhow!("no saved state for volume {name} in {}", dir.display()))?;
+    match ublk::device_state(st.dev_id) {
+        Some(DevState::Quiesced) => {}
+        Some(s) => bail!(
+            "{} is {s:?}, not waiting for recovery (is its server still running?)",
+            st.device()
+        ),
+        None => bail!("{} no longer exists", st.device()),
+    }
+    let new = spawn_background(&st.config, name)?;
+    if new.dev_id != st.dev_id {
+        bail!("recovered onto {}, expected {}", new.device(), st.device());
+    }
+    println!("{}", new.device());
+    Ok(())
+}
+
+/// `del NAME`: stop the server and delete the device.
+pub fn del(name: &str) -> anyhow::Result<()> {
+    let dir = state::run_dir();
+    let st = state::load(&dir, name)?;
+    match state::request(&dir, name, "stop") {
+        Ok(_) => {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while state::load(&dir, name)?.is_some() {
+                if Instant::now() > deadline {
+                    bail!("volume {name} did not stop within 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(())
+        }
+        Err(e) => match st {
+            Some(st) => {
+                if ublk::device_state(st.dev_id).is_some() {
+                    ublk::delete_device(st.dev_id)?;
+                }
+                state::remove(&dir, name);
+                Ok(())
+            }
+            None => Err(e.into()),
+        },
+    }
+}
+
+/// `list`.
+pub fn list() -> anyhow::Result<()> {
+    let states = state::list(&state::run_dir());
+    println!("{:<20} {:<14} {:<10} TARGET", "VOLUME", "DEVICE", "SERVER");
+    for s in states {
+        let server = if pid_alive(s.pid) {
+            format!("pid {}", s.pid)
+        } else {
+            "dead".into()
+        };
+        println!(
+            "{:<20} {:<14} {:<10} {}",
+            s.volume,
+            s.device(),
+            server,
+            s.target.subnqn
+        );
+    }
+    Ok(())
+}
+
+/// `status NAME [--json]`.
+pub fn status(name: &str, json: bool) -> anyhow::Result<()> {
+    let reply = state::request(
+        &state::run_dir(),
+        name,
+        if json { "status-json" } else { "status" },
+    )?;
+    print!("{reply}");
+    Ok(())
+}
+
+/// `udev-name KERNEL`: the volume name for a kernel device name.
+pub fn udev_name(kernel: &str) -> anyhow::Result<()> {
+    let states = state::list(&state::run_dir());
+    match state::volume_for_kernel_name(&states, kernel) {
+        Some(v) => {
+            println!("{v}");
+            Ok(())
+        }
+        None => bail!("{kernel} is not a ublk-nvmf device"),
+    }
+}

@@ -1,0 +1,547 @@
+//! The per-ublk-queue I/O engine: one NVMe/TCP I/O queue ([`Queue`], the
+//! initiator's sans-IO core) pumped on the ublk queue's own io_uring.
+//!
+//! Per ublk queue thread there is one [`Engine`] (shared by the thread's
+//! tasks through `Rc<RefCell<_>>`, never across threads) and three tasks
+//! besides the per-tag tasks:
+//!
+//! - **rx**: a `Recv` SQE on the socket; bytes go to `Queue::handle_bytes`,
+//!   completions wake the tag that owns them (`user_data` = tag).
+//! - **tx**: woken when the queue has PDUs; one `Send` SQE carries
+//!   everything queued since the last one, so requests that arrive in the
+//!   same ring pass go out in one write.
+//! - **tick**: a `Timeout` SQE every [`TICK`]: command timeouts, keep-alive
+//!   is on the admin queue (the blocking [`Controller`]'s maintenance thread),
+//!   and reconnect: when the controller has been reset (its epoch moved) or
+//!   this queue failed, the queue reconnects in the new epoch and resubmits
+//!   what it held, or fails it once the reconnect policy says so
+//!   (`fast_io_fail_tmo`, `ctrl_loss_tmo`).
+//!
+//! The (re)connect itself (TCP, ICReq, Connect) is done blocking on the
+//! queue thread, bounded by the connect timeout: no I/O can make progress
+//! on this queue without a connection anyway.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
+use nvmf_proto::fabrics::PriorityClass;
+
+use crate::volume::{Stats, Volume};
+
+/// Period of the housekeeping timer.
+pub const TICK: Duration = Duration::from_millis(50);
+
+/// Receive buffer per connection.
+const RX_BYTES: usize = 256 * 1024;
+/// Bytes gathered per send.
+const TX_LIMIT: usize = 256 * 1024;
+
+/// A view of a tag's I/O buffer (the ublk queue's per-tag `IoBuf`) handed
+/// to the initiator's queue for the request's lifetime.
+///
+/// The buffers are allocated once per queue thread and outlive the engine
+/// (see `ublk.rs`), and a tag's buffer is touched by nobody else while its
+/// request is in the engine: the tag task waits for the completion before
+/// it commits the buffer back to the driver.
+pub struct TagBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl TagBuf {
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid and unaliased while the `TagBuf` or
+    /// a request holding it lives.
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
+        Self { ptr, len }
+    }
+}
+
+impl AsRef<[u8]> for TagBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see `TagBuf::new`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl AsMut<[u8]> for TagBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: see `TagBuf::new`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// One io_uring operation, as the libublk adapter submits it on the
+/// queue's ring (`ublk::uring_op`); the result is the CQE's `res`.
+pub type UringOp = fn(io_uring::squeue::Entry) -> Pin<Box<dyn Future<Output = i32>>>;
+
+struct Conn {
+    sock: TcpStream,
+    queue: Queue<TagBuf>,
+    /// Bumped per connection, so a stale rx/tx completion is ignored.
+    generation: u64,
+}
+
+/// The engine of one ublk queue; see the module documentation.
+pub struct Engine {
+    volume: Arc<Volume>,
+    stats: Arc<Stats>,
+    qid: Option<u16>,
+    epoch: u64,
+    conn: Option<Conn>,
+    generation: u64,
+    /// Requests waiting for a connection, oldest first.
+    held: VecDeque<Request<TagBuf>>,
+    /// Per tag: the outcome once known (true: success).
+    results: Vec<Option<bool>>,
+    wakers: Vec<Option<Waker>>,
+    tx_waker: Option<Waker>,
+    rx_waker: Option<Waker>,
+    /// When the last reconnect attempt failed (attempts are spaced by the
+    /// reconnect delay).
+    last_attempt: Option<Instant>,
+}
+
+impl Engine {
+    /// An engine for a queue of `depth` tags; not connected yet.
+    pub fn new(volume: Arc<Volume>, depth: u16) -> Self {
+        let stats = Arc::clone(&volume.stats);
+        Self {
+            volume,
+            stats,
+            qid: None,
+            epoch: 0,
+            conn: None,
+            generation: 0,
+            held: VecDeque::new(),
+            results: vec![None; usize::from(depth)],
+            wakers: vec![None; usize::from(depth)],
+            tx_waker: None,
+            rx_waker: None,
+            last_attempt: None,
+        }
+    }
+
+    /// Connect (blocking, bounded) if the controller is live; on failure the
+    /// tick retries.
+    pub fn try_connect(&mut self, now: Instant) {
+        if self.conn.is_some() {
+            return;
+        }
+        let ctrl = &self.volume.ctrl;
+        if !ctrl.is_live() {
+            return;
+        }
+        if let Some(t) = self.last_attempt {
+            if now.duration_since(t) < self.volume.config.reconnect.reconnect_delay.min(TICK * 20) {
+                return;
+            }
+        }
+        let (epoch, cfg) = match self.qid {
+            Some(qid) => ctrl.io_queue_reconnect_config(qid, PriorityClass::Medium),
+            None => match ctrl.io_queue_config(PriorityClass::Medium) {
+                Ok((e, c)) => {
+                    self.qid = Some(c.qid);
+                    (e, c)
+                }
+                Err(e) => {
+                    log::error!("{}: no I/O queue: {e}", self.volume.config.name);
+                    self.last_attempt = Some(now);
+                    return;
+                }
+            },
+        };
+        match connect_blocking(self.volume.addr, cfg) {
+            Ok((sock, mut queue)) => {
+                self.epoch = epoch;
+                self.generation += 1;
+                let now = Instant::now();
+                let n = self.held.len();
+                while let Some(r) = self.held.pop_front() {
+                    if let Err(rej) = queue.submit(now, r) {
+                        let tag = rej.request.user_data as usize;
+                        self.finish(tag, false);
+                    }
+                }
+                if epoch > 0 || n > 0 {
+                    log::info!(
+                        "{}: I/O queue {} connected (controller epoch {epoch}), {n} requests resubmitted",
+                        self.volume.config.name,
+                        queue.config().qid
+                    );
+                }
+                self.conn = Some(Conn {
+                    sock,
+                    queue,
+                    generation: self.generation,
+                });
+                self.last_attempt = None;
+                wake(&mut self.tx_waker);
+                wake(&mut self.rx_waker);
+            }
+            Err(e) => {
+                log::warn!("{}: I/O queue connect: {e}", self.volume.config.name);
+                self.last_attempt = Some(now);
+                ctrl.report_failure(epoch, &e);
+            }
+        }
+    }
+
+    /// Queue a request for tag `tag`.
+    pub fn submit(&mut self, tag: u16, command: Command, buf: Option<TagBuf>) {
+        self.stats.inflight.fetch_add(1, Ordering::Relaxed);
+        let req = Request {
+            command,
+            buf,
+            user_data: u64::from(tag),
+        };
+        match self.conn.as_mut() {
+            Some(c) => {
+                if let Err(rej) = c.queue.submit(Instant::now(), req) {
+                    self.held.push_back(rej.request);
+                } else {
+                    wake(&mut self.tx_waker);
+                }
+            }
+            None => self.held.push_back(req),
+        }
+    }
+
+    /// The outcome of tag `tag`'s request, once known.
+    fn poll_result(&mut self, tag: u16, cx: &Context<'_>) -> Poll<bool> {
+        match self.results[usize::from(tag)].take() {
+            Some(ok) => Poll::Ready(ok),
+            None => {
+                self.wakers[usize::from(tag)] = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    fn finish(&mut self, tag: usize, ok: bool) {
+        self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+        if !ok {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(r) = self.results.get_mut(tag) {
+            *r = Some(ok);
+        }
+        if let Some(w) = self.wakers.get_mut(tag) {
+            wake(w);
+        }
+    }
+
+    fn drain_events(&mut self) {
+        loop {
+            let Some(c) = self.conn.as_mut() else { return };
+            let Some(ev) = c.queue.poll_event() else {
+                if c.queue.has_transmit() {
+                    wake(&mut self.tx_waker);
+                }
+                return;
+            };
+            match ev {
+                Event::Connected { .. } => {}
+                Event::Completed(done) => {
+                    let ok = done.status.is_success();
+                    if !ok {
+                        log::warn!(
+                            "{}: tag {}: NVMe status {:?}",
+                            self.volume.config.name,
+                            done.user_data,
+                            done.status
+                        );
+                    }
+                    self.finish(done.user_data as usize, ok);
+                }
+                Event::Failed(e) => self.on_failure(e),
+            }
+        }
+    }
+
+    /// The connection is gone: reset the controller (once, whoever
+    /// reports), keep the unfinished requests for the next connection.
+    fn on_failure(&mut self, err: nvmf_initiator::Error) {
+        let Some(mut c) = self.conn.take() else {
+            return;
+        };
+        log::warn!(
+            "{}: I/O queue {} failed: {err}",
+            self.volume.config.name,
+            c.queue.config().qid
+        );
+        self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+        self.volume.ctrl.report_failure(self.epoch, &err);
+        c.queue.close();
+        let _ = c.sock.shutdown(Shutdown::Both);
+        let mut unfinished = c.queue.take_unfinished();
+        // Requests that never reached the queue stay behind those.
+        unfinished.extend(self.held.drain(..));
+        self.held = unfinished.into();
+        // A recv still in flight on the socket returns on the shutdown.
+        wake(&mut self.rx_waker);
+    }
+
+    /// Housekeeping, every [`TICK`]: timeouts, controller resets, reconnect,
+    /// and failing held I/O when the policy says so.
+    pub fn tick(&mut self, now: Instant) {
+        if let Some(c) = self.conn.as_mut() {
+            if c.queue.poll_timeout().is_some_and(|t| t <= now) {
+                c.queue.handle_timeout(now);
+            }
+        }
+        self.drain_events();
+        let vol = Arc::clone(&self.volume);
+        let ctrl = &vol.ctrl;
+        if self.conn.is_some() && ctrl.epoch() != self.epoch {
+            // The controller was reset behind this queue (keep-alive
+            // failure, another queue's error): its connection belongs to
+            // the old controller.
+            self.on_failure(nvmf_initiator::Error::QueueClosed);
+        }
+        if self.conn.is_none() {
+            if let Err(e) = ctrl.disposition() {
+                if !self.held.is_empty() {
+                    log::error!(
+                        "{}: failing {} requests: {e}",
+                        self.volume.config.name,
+                        self.held.len()
+                    );
+                }
+                while let Some(r) = self.held.pop_front() {
+                    self.finish(r.user_data as usize, false);
+                }
+            }
+            self.try_connect(now);
+        }
+    }
+
+    /// Bytes received on connection `generation`.
+    fn on_bytes(&mut self, generation: u64, bytes: &[u8]) {
+        if let Some(c) = self.conn.as_mut().filter(|c| c.generation == generation) {
+            c.queue.handle_bytes(Instant::now(), bytes);
+        }
+        self.drain_events();
+    }
+
+    /// A socket operation of connection `generation` failed or hit EOF.
+    fn on_socket_error(&mut self, generation: u64, res: i32) {
+        if self
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.generation == generation)
+        {
+            let err = if res == 0 {
+                nvmf_initiator::Error::ConnectionClosed
+            } else {
+                nvmf_initiator::Error::io(std::io::Error::from_raw_os_error(-res))
+            };
+            if let Some(c) = self.conn.as_mut() {
+                c.queue.handle_closed();
+            }
+            self.drain_events();
+            if self.conn.is_some() {
+                self.on_failure(err);
+            }
+        }
+    }
+
+    fn current(&self) -> Option<(u64, i32)> {
+        self.conn
+            .as_ref()
+            .map(|c| (c.generation, c.sock.as_raw_fd()))
+    }
+}
+
+fn wake(w: &mut Option<Waker>) {
+    if let Some(w) = w.take() {
+        w.wake();
+    }
+}
+
+/// TCP connect, ICReq, Connect, blocking and bounded by the config's
+/// connect timeout; returns the live queue and its socket.
+pub fn connect_blocking(
+    addr: std::net::SocketAddr,
+    cfg: QueueConfig,
+) -> Result<(TcpStream, Queue<TagBuf>), nvmf_initiator::Error> {
+    let timeout = cfg.connect_timeout;
+    let sock = TcpStream::connect_timeout(&addr, timeout).map_err(nvmf_initiator::Error::io)?;
+    sock.set_nodelay(true).map_err(nvmf_initiator::Error::io)?;
+    let deadline = Instant::now() + timeout;
+    let mut q: Queue<TagBuf> = Queue::new(cfg, Instant::now());
+    let mut tx = Vec::new();
+    let mut rx = vec![0u8; 64 * 1024];
+    let mut s = &sock;
+    loop {
+        tx.clear();
+        while q.poll_transmit(&mut tx, TX_LIMIT) > 0 {}
+        if !tx.is_empty() {
+            s.write_all(&tx).map_err(nvmf_initiator::Error::io)?;
+        }
+        while let Some(ev) = q.poll_event() {
+            match ev {
+                Event::Connected { .. } => return Ok((sock, q)),
+                Event::Failed(e) => return Err(e),
+                Event::Completed(_) => {}
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(nvmf_initiator::Error::ConnectTimeout(timeout));
+        }
+        sock.set_read_timeout(Some(left))
+            .map_err(nvmf_initiator::Error::io)?;
+        match s.read(&mut rx) {
+            Ok(0) => q.handle_closed(),
+            Ok(n) => q.handle_bytes(Instant::now(), &rx[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                q.handle_timeout(Instant::now())
+            }
+            Err(e) => q.handle_io_error(e),
+        }
+    }
+}
+
+/// Wait for tag `tag`'s outcome.
+pub struct TagWait {
+    /// The engine.
+    pub engine: Rc<RefCell<Engine>>,
+    /// The tag.
+    pub tag: u16,
+}
+
+impl Future for TagWait {
+    type Output = bool;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        self.engine.borrow_mut().poll_result(self.tag, cx)
+    }
+}
+
+enum Wait {
+    Rx,
+    Tx,
+}
+
+struct WaitFor {
+    engine: Rc<RefCell<Engine>>,
+    what: Wait,
+}
+
+impl Future for WaitFor {
+    type Output = (u64, i32);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(u64, i32)> {
+        let mut e = self.engine.borrow_mut();
+        let ready = match self.what {
+            Wait::Rx => e.current(),
+            Wait::Tx => e
+                .current()
+                .filter(|_| e.conn.as_ref().is_some_and(|c| c.queue.has_transmit())),
+        };
+        match ready {
+            Some(x) => Poll::Ready(x),
+            None => {
+                let w = Some(cx.waker().clone());
+                match self.what {
+                    Wait::Rx => e.rx_waker = w,
+                    Wait::Tx => e.tx_waker = w,
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The receive task (runs for the queue thread's lifetime).
+pub async fn rx_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
+    // Leaked on purpose: a Recv may still be in the ring when the thread's
+    // executor is dropped at shutdown, and must never write into freed
+    // memory. One buffer per queue thread.
+    let buf: &'static mut [u8] = Box::leak(vec![0u8; RX_BYTES].into_boxed_slice());
+    loop {
+        let (generation, fd) = WaitFor {
+            engine: Rc::clone(&engine),
+            what: Wait::Rx,
+        }
+        .await;
+        let sqe = io_uring::opcode::Recv::new(
+            io_uring::types::Fd(fd),
+            buf.as_mut_ptr(),
+            buf.len() as u32,
+        )
+        .build();
+        let res = op(sqe).await;
+        let mut e = engine.borrow_mut();
+        if res > 0 {
+            e.on_bytes(generation, &buf[..res as usize]);
+        } else if res != -libc::EINTR && res != -libc::EAGAIN {
+            e.on_socket_error(generation, res);
+        }
+    }
+}
+
+/// The transmit task (runs for the queue thread's lifetime).
+pub async fn tx_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
+    // Leaked for the same reason as the receive buffer.
+    let buf: &'static mut Vec<u8> = Box::leak(Box::new(Vec::with_capacity(2 * TX_LIMIT)));
+    loop {
+        let (generation, fd) = WaitFor {
+            engine: Rc::clone(&engine),
+            what: Wait::Tx,
+        }
+        .await;
+        buf.clear();
+        {
+            let mut e = engine.borrow_mut();
+            if let Some(c) = e.conn.as_mut() {
+                c.queue.poll_transmit(buf, TX_LIMIT);
+            }
+            e.stats.sends.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut off = 0;
+        while off < buf.len() {
+            let sqe = io_uring::opcode::Send::new(
+                io_uring::types::Fd(fd),
+                buf[off..].as_ptr(),
+                (buf.len() - off) as u32,
+            )
+            .flags(libc::MSG_NOSIGNAL)
+            .build();
+            let res = op(sqe).await;
+            if res > 0 {
+                off += res as usize;
+            } else if res != -libc::EINTR && res != -libc::EAGAIN {
+                engine.borrow_mut().on_socket_error(generation, res);
+                break;
+            }
+        }
+    }
+}
+
+/// The housekeeping task (runs for the queue thread's lifetime).
+pub async fn tick_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
+    let ts = io_uring::types::Timespec::new()
+        .sec(TICK.as_secs())
+        .nsec(TICK.subsec_nanos());
+    loop {
+        let sqe = io_uring::opcode::Timeout::new(&ts).build();
+        op(sqe).await;
+        engine.borrow_mut().tick(Instant::now());
+    }
+}

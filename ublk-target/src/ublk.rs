@@ -1,0 +1,324 @@
+//! The one module that talks to `libublk` (pinned at 0.4.8): device
+//! creation and recovery, device parameters, one thread per ublk queue with
+//! one async task per tag on the queue's io_uring, and the `uring_op` the
+//! I/O engine submits its socket operations with.
+//!
+//! Per tag: FETCH, then loop { map the descriptor ([`crate::mapping`]),
+//! hand the command to the queue's [`Engine`], await its outcome, COMMIT
+//! the result and fetch the next request }.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::helpers::IoBuf;
+use libublk::io::{UblkDev, UblkQueue};
+use libublk::{BufDesc, UblkError, UblkFlags, UblkUringData};
+
+use crate::engine::{self, Engine, TagBuf, TagWait};
+use crate::error::Error;
+use crate::mapping::{self, DeviceParams, Op, Plan, ReqFlags};
+use crate::volume::Volume;
+
+/// The ublk control device; `UBLK_NVMF_CONTROL` overrides it (tests point
+/// it at a missing path to check the "no ublk_drv" message).
+pub fn control_path() -> String {
+    std::env::var("UBLK_NVMF_CONTROL").unwrap_or_else(|_| "/dev/ublk-control".to_owned())
+}
+
+/// Check that ublk can be used here: root, and the driver loaded.
+pub fn check_available() -> Result<(), Error> {
+    let path = control_path();
+    if !Path::new(&path).exists() {
+        return Err(Error::NoUblk(path));
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Error::NotRoot);
+    }
+    Ok(())
+}
+
+/// The kernel's device state (`UBLK_S_DEV_*`) of device `id`, if it exists.
+pub fn device_state(id: u32) -> Option<DevState> {
+    let ctrl = UblkCtrl::new_simple(id as i32).ok()?;
+    let info = ctrl.dev_info();
+    // Do not let the handle's drop touch the device.
+    Some(match u32::from(info.state) {
+        libublk::sys::UBLK_S_DEV_LIVE => DevState::Live,
+        libublk::sys::UBLK_S_DEV_QUIESCED => DevState::Quiesced,
+        libublk::sys::UBLK_S_DEV_DEAD => DevState::Dead,
+        _ => DevState::Other,
+    })
+}
+
+/// A ublk device's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DevState {
+    /// Served.
+    Live,
+    /// Its server is gone; waiting for recovery (requests held).
+    Quiesced,
+    /// Stopped.
+    Dead,
+    /// Anything else (FAIL_IO).
+    Other,
+}
+
+/// Delete device `id` (stop it first if live).
+pub fn delete_device(id: u32) -> Result<(), Error> {
+    let ctrl = UblkCtrl::new_simple(id as i32).map_err(ublk_err)?;
+    let _ = ctrl.kill_dev();
+    ctrl.del_dev().map_err(ublk_err)?;
+    Ok(())
+}
+
+fn ublk_err(e: UblkError) -> Error {
+    Error::Ublk(e.to_string())
+}
+
+/// How to bring the device up.
+pub struct Serve {
+    /// The volume behind it.
+    pub volume: Arc<Volume>,
+    /// Recover this existing (quiesced) device instead of adding one.
+    pub recover_id: Option<u32>,
+    /// Set to stop the device and return.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Called once the device is live, with its ID.
+pub type OnLive = Box<dyn FnOnce(u32) + Send + Sync>;
+
+/// Serve the device until `stop` is set (then the device is deleted) or
+/// the queues go down. Blocks.
+pub fn serve(s: Serve, on_live: OnLive) -> Result<u32, Error> {
+    check_available()?;
+    let vol = Arc::clone(&s.volume);
+    let geo = vol.geometry;
+    let flags = u64::from(libublk::sys::UBLK_F_USER_RECOVERY)
+        | u64::from(libublk::sys::UBLK_F_USER_RECOVERY_REISSUE);
+    let (id, dev_flags) = match s.recover_id {
+        Some(id) => (id as i32, UblkFlags::UBLK_DEV_F_RECOVER_DEV),
+        None => (-1, UblkFlags::UBLK_DEV_F_ADD_DEV),
+    };
+    let ctrl = UblkCtrlBuilder::default()
+        .name("ublk-nvmf")
+        .id(id)
+        .nr_queues(vol.config.queues)
+        .depth(vol.config.queue_depth)
+        .io_buf_bytes(geo.max_io_bytes)
+        .ctrl_flags(flags)
+        .dev_flags(dev_flags)
+        .build()
+        .map_err(|e| {
+            Error::Ublk(format!(
+                "{} ublk device: {e}",
+                if s.recover_id.is_some() {
+                    "recovering the"
+                } else {
+                    "adding a"
+                }
+            ))
+        })?;
+    let dev_id = ctrl.dev_info().dev_id;
+    let p = DeviceParams::new(&geo);
+    let tgt_init = move |dev: &mut UblkDev| {
+        let tgt = &mut dev.tgt;
+        tgt.dev_size = geo.size_bytes();
+        let mut attrs = 0;
+        if p.volatile_cache {
+            attrs |= libublk::sys::UBLK_ATTR_VOLATILE_CACHE;
+        }
+        if p.fua {
+            attrs |= libublk::sys::UBLK_ATTR_FUA;
+        }
+        let mut types = libublk::sys::UBLK_PARAM_TYPE_BASIC;
+        if p.max_discard_sectors > 0 || p.max_write_zeroes_sectors > 0 {
+            types |= libublk::sys::UBLK_PARAM_TYPE_DISCARD;
+        }
+        tgt.params = libublk::sys::ublk_params {
+            types,
+            basic: libublk::sys::ublk_param_basic {
+                attrs,
+                logical_bs_shift: p.logical_bs_shift,
+                physical_bs_shift: p.physical_bs_shift,
+                io_opt_shift: p.logical_bs_shift.max(12),
+                io_min_shift: p.logical_bs_shift,
+                max_sectors: p.max_sectors,
+                dev_sectors: p.dev_sectors,
+                ..Default::default()
+            },
+            discard: libublk::sys::ublk_param_discard {
+                discard_granularity: p.discard_granularity,
+                max_discard_sectors: p.max_discard_sectors,
+                max_write_zeroes_sectors: p.max_write_zeroes_sectors,
+                max_discard_segments: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Ok(())
+    };
+    let qvol = Arc::clone(&vol);
+    let q_fn = move |qid: u16, dev: &UblkDev| queue_main(qid, dev, Arc::clone(&qvol));
+    let stop = Arc::clone(&s.stop);
+    let device_fn = move |c: &UblkCtrl| {
+        on_live(c.dev_info().dev_id);
+        while !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = c.kill_dev();
+    };
+    ctrl.run_target(tgt_init, q_fn, device_fn)
+        .map_err(|e| Error::Ublk(format!("running the ublk device: {e}")))?;
+    if s.stop.load(Ordering::SeqCst) {
+        let _ = ctrl.del_dev();
+    }
+    Ok(dev_id)
+}
+
+/// An io_uring operation on the calling queue thread's ring.
+fn uring_op(sqe: io_uring::squeue::Entry) -> Pin<Box<dyn Future<Output = i32>>> {
+    Box::pin(async move {
+        libublk::uring_async::ublk_submit_sqe_async(sqe, UblkUringData::Target as u64)
+            .await
+            .unwrap_or(-libc::EIO)
+    })
+}
+
+fn queue_main(qid: u16, dev: &UblkDev, vol: Arc<Volume>) {
+    let depth = dev.dev_info.queue_depth;
+    let buf_bytes = dev.dev_info.max_io_buf_bytes as usize;
+    // Declared first so they outlive the executor and the engine that
+    // points into them (see `engine::TagBuf`).
+    let bufs: Rc<Vec<IoBuf<u8>>> = Rc::new((0..depth).map(|_| IoBuf::new(buf_bytes)).collect());
+    let q = match UblkQueue::new(qid, dev) {
+        Ok(q) => Rc::new(q),
+        Err(e) => {
+            log::error!("ublk queue {qid}: {e}");
+            return;
+        }
+    };
+    let engine = Rc::new(RefCell::new(Engine::new(Arc::clone(&vol), depth)));
+    engine.borrow_mut().try_connect(Instant::now());
+    let exe = smol::LocalExecutor::new();
+    let mut tag_tasks = Vec::new();
+    for tag in q.tags() {
+        let q = Rc::clone(&q);
+        let bufs = Rc::clone(&bufs);
+        let engine = Rc::clone(&engine);
+        let vol = Arc::clone(&vol);
+        tag_tasks.push(exe.spawn(async move {
+            match tag_task(&q, tag, &bufs[usize::from(tag)], &engine, &vol).await {
+                Err(UblkError::QueueIsDown) | Ok(()) => {}
+                Err(e) => log::error!("ublk queue {qid} tag {tag}: {e}"),
+            }
+        }));
+    }
+    exe.spawn(engine::rx_task(Rc::clone(&engine), uring_op))
+        .detach();
+    exe.spawn(engine::tx_task(Rc::clone(&engine), uring_op))
+        .detach();
+    exe.spawn(engine::tick_task(Rc::clone(&engine), uring_op))
+        .detach();
+    smol::block_on(exe.run(async {
+        let run_ops = || while exe.try_tick() {};
+        let done = || tag_tasks.iter().all(|t| t.is_finished());
+        if let Err(e) = libublk::wait_and_handle_io_events(&q, None, run_ops, done).await {
+            log::error!("ublk queue {qid}: {e}");
+        }
+    }));
+}
+
+async fn tag_task(
+    q: &UblkQueue<'_>,
+    tag: u16,
+    buf: &IoBuf<u8>,
+    engine: &Rc<RefCell<Engine>>,
+    vol: &Volume,
+) -> Result<(), UblkError> {
+    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(buf))
+        .await?;
+    let geo = vol.geometry;
+    let stats = &vol.stats;
+    loop {
+        let iod = q.get_iod(tag);
+        let op = Op::from_ublk(iod.op_flags & 0xff);
+        let flags = ReqFlags::from_ublk(iod.op_flags);
+        let nr_sectors = iod.nr_sectors;
+        let plan = mapping::map_request(&geo, op, iod.start_sector, nr_sectors, flags);
+        let res = match plan {
+            Plan::Complete(r) => r,
+            Plan::Send {
+                command,
+                data_len,
+                dsm_range,
+            } => {
+                if let Some(r) = dsm_range {
+                    // SAFETY: the buffer is at least 4 KiB and ours until
+                    // the commit below.
+                    unsafe { std::ptr::copy_nonoverlapping(r.as_ptr(), buf.as_mut_ptr(), 16) };
+                }
+                let data = (data_len > 0).then(|| {
+                    // SAFETY: `buf` outlives the engine (queue_main) and is
+                    // not touched until TagWait returns.
+                    unsafe { TagBuf::new(buf.as_mut_ptr(), data_len as usize) }
+                });
+                engine.borrow_mut().submit(tag, command, data);
+                let ok = TagWait {
+                    engine: Rc::clone(engine),
+                    tag,
+                }
+                .await;
+                if ok {
+                    let bytes = u64::from(nr_sectors) << 9;
+                    let (n, b) = match op {
+                        Op::Read => (&stats.reads, Some(&stats.read_bytes)),
+                        Op::Write => (&stats.writes, Some(&stats.write_bytes)),
+                        Op::Flush => (&stats.flushes, None),
+                        _ => (&stats.discards, None),
+                    };
+                    n.fetch_add(1, Ordering::Relaxed);
+                    if let Some(b) = b {
+                        b.fetch_add(bytes, Ordering::Relaxed);
+                    }
+                }
+                mapping::result_for(ok, nr_sectors)
+            }
+        };
+        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res)
+            .await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_constants_match_the_driver_abi() {
+        use libublk::sys;
+        assert_eq!(Op::from_ublk(sys::UBLK_IO_OP_READ), Op::Read);
+        assert_eq!(Op::from_ublk(sys::UBLK_IO_OP_WRITE), Op::Write);
+        assert_eq!(Op::from_ublk(sys::UBLK_IO_OP_FLUSH), Op::Flush);
+        assert_eq!(Op::from_ublk(sys::UBLK_IO_OP_DISCARD), Op::Discard);
+        assert_eq!(Op::from_ublk(sys::UBLK_IO_OP_WRITE_ZEROES), Op::WriteZeroes);
+        assert_eq!(ReqFlags::UBLK_FUA, sys::UBLK_IO_F_FUA);
+        assert_eq!(ReqFlags::UBLK_NOUNMAP, sys::UBLK_IO_F_NOUNMAP);
+    }
+
+    #[test]
+    fn a_missing_control_device_is_named() {
+        std::env::set_var("UBLK_NVMF_CONTROL", "/nonexistent/ublk-control");
+        let e = check_available().unwrap_err();
+        std::env::remove_var("UBLK_NVMF_CONTROL");
+        assert!(e.to_string().contains("modprobe ublk_drv"), "{e}");
+    }
+}
