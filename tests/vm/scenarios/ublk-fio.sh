@@ -1,0 +1,49 @@
+# vm-timeout: 600
+# ublk-nvmf volumes under `ublk-nvmf add` against gimbal-target (file
+# namespace) and the kernel's nvmet-tcp target (file namespace): verified
+# fio randrw bs 4k..1M at iodepth 1/32/128, blkdiscard, fsync-heavy
+# writes, status/list/del.
+. /vm/lib.sh
+. /vm/nvmet.sh
+. /vm/gimbal.sh
+. /vm/ublk.sh
+
+require_cmd ublk-nvmf gimbal-target fio || exit 1
+require_module ublk_drv || exit 1
+
+GNQN=nqn.2026-01.io.gimbal:demo
+gimbal_write_config
+gimbal_start || exit 1
+ublk_volume_config /tmp/g.toml gfile 127.0.0.1 4420 $GNQN 2 2
+check_output "add a volume on gimbal-target's file namespace" "^/dev/ublkb0$" ublk-nvmf add --config /tmp/g.toml
+check_output "2 queues" "^2$" sh -c 'ls /sys/block/ublkb0/mq | wc -l'
+check_output "file namespace: volatile cache advertised" "write back" cat /sys/block/ublkb0/queue/write_cache
+ublk_fio_matrix gimbal /dev/ublkb0
+check "gimbal: blkdiscard the whole device" blkdiscard_real /dev/ublkb0
+check "gimbal: blkdiscard --zeroout 1 MiB" blkdiscard_real -z -o 1048576 -l 1048576 /dev/ublkb0
+ublk_fsync_heavy gimbal /dev/ublkb0
+check_output "status --json counts flushes" '"flushes":[1-9]' ublk-nvmf status gfile --json
+check_output "status --json: no errors" '"errors":0' ublk-nvmf status gfile --json
+check "del gfile" ublk-nvmf del gfile
+gone() { ! test -e /dev/ublkb0; }
+wait_for "/dev/ublkb0 removed" 20 gone
+stop_daemon gimbal
+
+KNQN=nqn.2026-01.io.ublk:nvmet-file
+nvmet_init || exit 1
+truncate -s 256M /tmp/nvmet-file.img
+nvmet_setup() {
+    nvmet_port 1 127.0.0.1 4421 && nvmet_subsys $KNQN &&
+        nvmet_ns $KNQN 1 /tmp/nvmet-file.img && nvmet_link 1 $KNQN
+}
+check "nvmet: file namespace on port 4421" nvmet_setup
+ublk_volume_config /tmp/k.toml kfile 127.0.0.1 4421 $KNQN 1 1
+check_output "add a volume on nvmet" "^/dev/ublkb[0-9]$" ublk-nvmf add --config /tmp/k.toml
+dev=$(ublk-nvmf list | awk '$1=="kfile"{print $2}')
+log "nvmet volume on $dev"
+ublk_fio_matrix nvmet "$dev"
+check "nvmet: blkdiscard" blkdiscard_real "$dev"
+ublk_fsync_heavy nvmet "$dev"
+check_output "nvmet: no errors" '"errors":0' ublk-nvmf status kfile --json
+check "del kfile" ublk-nvmf del kfile
+check "nvmet teardown" nvmet_clear
