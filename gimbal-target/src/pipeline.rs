@@ -26,7 +26,7 @@ use qos_core::time::Nanos;
 use qos_core::types::{IoKind, RequestId, TenantId};
 use tokio::sync::Notify;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, UringDone, UringOp};
 
 /// What a request asks the backend to do. Offsets and lengths are in bytes
 /// and were checked against the namespace size by the front end.
@@ -180,19 +180,71 @@ impl Pipeline {
 
 fn run_direct(backend: Arc<dyn Backend>, op: IoOp, done: Completion) {
     if backend.may_block() {
-        tokio::task::spawn_blocking(move || {
-            let result = execute(backend.as_ref(), op);
-            done(IoDone {
-                result,
-                credit: None,
-            })
-        });
+        run_blocking(
+            backend,
+            op,
+            Box::new(move |result| {
+                done(IoDone {
+                    result,
+                    credit: None,
+                })
+            }),
+        );
     } else {
         let result = execute(backend.as_ref(), op);
         done(IoDone {
             result,
             credit: None,
         });
+    }
+}
+
+/// Runs an operation of a backend that may block: on its asynchronous
+/// engine when it has one for this operation (io_uring), else on tokio's
+/// blocking pool. `finish` gets the outcome either way.
+fn run_blocking(backend: Arc<dyn Backend>, op: IoOp, finish: UringDone) {
+    let op = match into_uring_op(op) {
+        Ok(uop) => match backend.submit_async(uop, finish) {
+            Ok(()) => return,
+            Err((uop, finish)) => {
+                let op = from_uring_op(uop);
+                return spawn_execute(backend, op, finish);
+            }
+        },
+        Err(op) => op,
+    };
+    spawn_execute(backend, op, finish)
+}
+
+fn spawn_execute(backend: Arc<dyn Backend>, op: IoOp, finish: UringDone) {
+    let job = move || finish(execute(backend.as_ref(), op));
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn_blocking(job);
+        }
+        // Called from an io_uring completion (the switch dispatching the
+        // next request), outside the runtime: a plain thread does the rare
+        // request the ring cannot take.
+        Err(_) => {
+            std::thread::spawn(job);
+        }
+    }
+}
+
+fn into_uring_op(op: IoOp) -> Result<UringOp, IoOp> {
+    match op {
+        IoOp::Read { offset, len } => Ok(UringOp::Read { offset, len }),
+        IoOp::Write { offset, data, fua } => Ok(UringOp::Write { offset, data, fua }),
+        IoOp::Flush => Ok(UringOp::Flush),
+        other => Err(other),
+    }
+}
+
+fn from_uring_op(op: UringOp) -> IoOp {
+    match op {
+        UringOp::Read { offset, len } => IoOp::Read { offset, len },
+        UringOp::Write { offset, data, fua } => IoOp::Write { offset, data, fua },
+        UringOp::Flush => IoOp::Flush,
     }
 }
 
@@ -286,11 +338,15 @@ impl GimbalStage {
         while let Some((id, q)) = ready.pop() {
             if self.backend.may_block() {
                 let me = self.clone();
-                tokio::task::spawn_blocking(move || {
-                    let result = execute(me.backend.as_ref(), q.op);
-                    let more = me.complete(id, result, q.done);
-                    me.run(more);
-                });
+                let backend = self.backend.clone();
+                run_blocking(
+                    backend,
+                    q.op,
+                    Box::new(move |result| {
+                        let more = me.complete(id, result, q.done);
+                        me.run(more);
+                    }),
+                );
             } else {
                 let result = execute(self.backend.as_ref(), q.op);
                 ready.extend(self.complete(id, result, q.done));

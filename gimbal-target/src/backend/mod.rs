@@ -11,6 +11,7 @@ mod file;
 mod null;
 mod ram;
 mod sim;
+mod uring;
 
 use std::borrow::Cow;
 use std::io;
@@ -20,6 +21,7 @@ pub use file::FileBackend;
 pub use null::NullBackend;
 pub use ram::RamBackend;
 pub use sim::SimBackend;
+pub use uring::{UringDone, UringOp};
 
 use crate::config::BackendConfig;
 
@@ -65,6 +67,13 @@ pub trait Backend: Send + Sync + 'static {
     /// an event-loop thread.
     fn may_block(&self) -> bool {
         false
+    }
+    /// Starts `op` without blocking the caller, calling `done` when it
+    /// completes, if the backend has an asynchronous engine for it (the
+    /// `file` backend's io_uring); otherwise hands both back, and the caller
+    /// runs the operation itself.
+    fn submit_async(&self, op: UringOp, done: UringDone) -> Result<(), (UringOp, UringDone)> {
+        Err((op, done))
     }
     /// How many times slower than real time the device's own clock runs (1
     /// for real devices; a `sim` device's `time_scale`). The Gimbal switch
