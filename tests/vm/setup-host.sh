@@ -12,9 +12,11 @@ set -euo pipefail
 #   libclang-dev clang        libublk's -sys crate runs bindgen at build time
 #   iperf3                    loopback network baseline for benchmarks
 #   systemd                   `systemd-analyze verify` of the shipped units
+#   libbpf-dev bpftool        building and inspecting the ionice side channel (BPF)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli libclang-dev clang iperf3 systemd
+    libbpf-dev bpftool
 )
 
 missing=()
