@@ -11,7 +11,9 @@
 //! Requests run inline on the caller's thread when the backend never blocks
 //! (`ram`, `null`): a thread hop per I/O would cost more than the copy. A
 //! backend that may block (`file`) runs on tokio's blocking pool so that one
-//! slow device cannot stall a connection's event loop.
+//! slow device cannot stall a connection's event loop. A backend that models
+//! its latency (`sim`) is booked and its data moved inline at dispatch, and
+//! the request completes on a runtime timer at the modelled instant.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -179,7 +181,16 @@ impl Pipeline {
 }
 
 fn run_direct(backend: Arc<dyn Backend>, op: IoOp, done: Completion) {
-    if backend.may_block() {
+    if let Some(store) = backend.untimed() {
+        let deadline = book(backend.as_ref(), &op);
+        let result = execute(store, op);
+        complete_at(deadline, move || {
+            done(IoDone {
+                result,
+                credit: None,
+            })
+        });
+    } else if backend.may_block() {
         run_blocking(
             backend,
             op,
@@ -336,7 +347,22 @@ impl GimbalStage {
     /// instead of recursing.
     fn run(self: &Arc<Self>, mut ready: Ready) {
         while let Some((id, q)) = ready.pop() {
-            if self.backend.may_block() {
+            if let Some(store) = self.backend.untimed() {
+                // Booked at once, on the dispatching thread: the model sees
+                // the switch's dispatch time, and the completion fires at
+                // the modelled instant (give or take the timer's tick).
+                let deadline = book(self.backend.as_ref(), &q.op);
+                let result = execute(store, q.op);
+                if deadline.is_none_or(|d| d <= Instant::now()) {
+                    ready.extend(self.complete(id, result, q.done));
+                } else {
+                    let me = self.clone();
+                    complete_at(deadline, move || {
+                        let more = me.complete(id, result, q.done);
+                        me.run(more);
+                    });
+                }
+            } else if self.backend.may_block() {
                 let me = self.clone();
                 let backend = self.backend.clone();
                 run_blocking(
@@ -396,6 +422,33 @@ async fn pacing_timer(g: Arc<GimbalStage>) {
         let now = g.now();
         let ready = GimbalStage::drain(&mut g.lock(), now);
         g.run(ready);
+    }
+}
+
+/// Books `op` on a latency-modelling backend (see [`Backend::untimed`]);
+/// `None` when it moves no data or the backend models nothing.
+fn book(backend: &dyn Backend, op: &IoOp) -> Option<Instant> {
+    let (kind, offset, bytes) = match op {
+        IoOp::Read { offset, len } => (IoKind::Read, *offset, *len as u64),
+        IoOp::Write { offset, data, .. } => (IoKind::Write, *offset, data.len() as u64),
+        // As the sim backend books a direct call: one slot's worth.
+        IoOp::WriteZeroes { offset, len } => (IoKind::Write, *offset, (*len).min(128 * 1024)),
+        IoOp::Flush | IoOp::Discard { .. } => return None,
+    };
+    backend.book(kind, offset, bytes)
+}
+
+/// Runs `f` at `deadline` on a runtime timer (at once if it has passed or
+/// is `None`). Must be called within a tokio runtime when it must wait.
+fn complete_at(deadline: Option<Instant>, f: impl FnOnce() + Send + 'static) {
+    match deadline {
+        Some(d) if d > Instant::now() => {
+            tokio::spawn(async move {
+                tokio::time::sleep_until(d.into()).await;
+                f()
+            });
+        }
+        _ => f(),
     }
 }
 

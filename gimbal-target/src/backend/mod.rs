@@ -82,6 +82,24 @@ pub trait Backend: Send + Sync + 'static {
     fn time_scale(&self) -> f64 {
         1.0
     }
+    /// For a backend that models its latency rather than taking it
+    /// (`sim`): the store that moves the data without waiting, so the
+    /// pipeline can [`book`](Backend::book) an I/O, move its data at once
+    /// and complete it on a timer instead of parking a thread in a sleep.
+    fn untimed(&self) -> Option<&dyn Backend> {
+        None
+    }
+    /// Books an I/O of `bytes` at `offset` on the latency model and returns
+    /// the real instant it completes (only when [`untimed`](Backend::untimed)
+    /// is `Some`).
+    fn book(
+        &self,
+        _kind: qos_core::types::IoKind,
+        _offset: u64,
+        _bytes: u64,
+    ) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// Opens the backend a namespace configuration describes.
