@@ -186,3 +186,39 @@ fn sees_own_io_with_its_priority() {
     let mut reader = reg.queue_reader(0);
     assert!(drain(&mut reader, depth).is_empty());
 }
+
+#[test]
+fn registration_limits() {
+    let opts = Options {
+        slot_capacity: 100,
+        ..Options::default()
+    };
+    let channel = match PriorityChannel::open(&opts) {
+        Ok(c) => c,
+        Err(why @ (Unavailable::NoCapability { .. } | Unavailable::NotBuilt)) => {
+            eprintln!("side channel unavailable here ({why}): limits not checked");
+            return;
+        }
+        Err(why) => panic!("the side channel should load here: {why}"),
+    };
+    // Device numbers nobody uses: registration does not need the device.
+    let a = DevT::new(4095, 1);
+    let b = DevT::new(4095, 2);
+    assert!(matches!(
+        channel.register(a, 0, 8),
+        Err(ioprio_channel::Error::EmptyGeometry { .. })
+    ));
+    let ra = channel.register(a, 2, 32).unwrap();
+    assert!(matches!(
+        channel.register(b, 1, 64),
+        Err(ioprio_channel::Error::NoSlots {
+            needed: 64,
+            free: 36,
+            ..
+        })
+    ));
+    drop(ra);
+    let rb = channel.register(b, 1, 64).unwrap();
+    assert_eq!(rb.peek(0, 0), None, "a new registration starts clean");
+    assert_eq!(rb.peek(1, 0), None, "outside the geometry");
+}
