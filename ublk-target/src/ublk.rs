@@ -128,6 +128,13 @@ pub fn serve(s: Serve, on_live: OnLive) -> Result<u32, Error> {
             ))
         })?;
     let dev_id = ctrl.dev_info().dev_id;
+    if s.recover_id.is_some() {
+        // Waits (up to 30 s) until the driver has let go of the dead
+        // server's queues, then the queues below re-FETCH and the driver
+        // reissues what was in flight.
+        ctrl.start_user_recover()
+            .map_err(|e| Error::Ublk(format!("starting recovery of /dev/ublkb{dev_id}: {e}")))?;
+    }
     let p = DeviceParams::new(&geo);
     let tgt_init = move |dev: &mut UblkDev| {
         let tgt = &mut dev.tgt;

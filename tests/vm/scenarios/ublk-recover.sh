@@ -34,6 +34,7 @@ dead() { ! kill -0 "$pid" 2>/dev/null; }
 wait_for "server is gone" 10 dead
 check_output "the device waits for recovery (list shows it dead)" "rec +/dev/ublkb0 +dead" ublk-nvmf list
 check_output "recover reattaches /dev/ublkb0" "^/dev/ublkb0$" ublk-nvmf recover rec
+log "recovered server log:"; tail -n 30 /run/ublk-nvmf/rec.log
 check "fio completes with no I/O or verify error" wait $fio_pid
 tail -n 15 "$LOGDIR/fio-crash.log"
 check "ext4 is still mounted" is_mounted /mnt/r
