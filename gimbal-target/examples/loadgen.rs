@@ -194,13 +194,23 @@ qos = "gimbal"
                 random: true,
             };
             let cpu0 = target_cpu_secs();
-            let res = run_jobs(
-                addr,
-                &host,
-                &vec![job; jobs],
-                secs,
-                Arc::new(AtomicBool::new(false)),
-            );
+            let done_flag = AtomicBool::new(false);
+            let res = std::thread::scope(|s| {
+                if std::env::var_os("LOADGEN_TRACE").is_some() {
+                    let ns = t.target().subsystems[SUBNQN].namespaces[&nsid].clone();
+                    let done = &done_flag;
+                    s.spawn(move || trace_view(&ns.pipeline, done));
+                }
+                let r = run_jobs(
+                    addr,
+                    &host,
+                    &vec![job; jobs],
+                    secs,
+                    Arc::new(AtomicBool::new(false)),
+                );
+                done_flag.store(true, Ordering::Relaxed);
+                r
+            });
             let cpu = target_cpu_secs() - cpu0;
             let ios: u64 = res.iter().map(|r| r.0 / 4096).sum();
             let elapsed = res.iter().map(|r| r.1).max().unwrap_or(1) as f64 / 1e9;
@@ -218,6 +228,26 @@ qos = "gimbal"
         sums[1].0 / sums[0].0,
         sums[1].1 / sums[0].1
     );
+}
+
+/// Prints the switch's view every 200 ms until `done` (with
+/// `LOADGEN_TRACE`): what holds requests back, if anything.
+fn trace_view(pipeline: &gimbal_target::pipeline::Pipeline, done: &AtomicBool) {
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        if let Some(v) = pipeline.virtual_view() {
+            eprintln!(
+                "trace state={:?} rate={} read_ewma={:?} thresh={} slots={} in_flight={} queued={}",
+                v.congestion_state,
+                v.target_rate_bps,
+                v.read_latency_ewma_ns,
+                v.read_latency_threshold_ns,
+                v.allotted_slots,
+                v.in_flight,
+                v.queued
+            );
+        }
+    }
 }
 
 fn fairness(args: &[String]) {
