@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::io;
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use qos_core::config::GimbalConfig;
@@ -125,16 +125,7 @@ impl Pipeline {
     pub fn with_gimbal(backend: Arc<dyn Backend>, config: &GimbalConfig) -> Result<Self, QosError> {
         let switch = GimbalSwitch::new(config)?;
         Ok(Pipeline {
-            gimbal: Some(Arc::new(GimbalStage {
-                backend: backend.clone(),
-                state: Mutex::new(GimbalState {
-                    switch,
-                    tenants: BTreeSet::new(),
-                }),
-                epoch: Instant::now(),
-                wake: Notify::new(),
-                timer_started: Once::new(),
-            })),
+            gimbal: Some(Arc::new(GimbalStage::new(backend.clone(), switch))),
             backend,
         })
     }
@@ -152,8 +143,9 @@ impl Pipeline {
     /// The switch's virtual view of the device (§3.7), if it runs one.
     pub fn virtual_view(&self) -> Option<VirtualView> {
         let g = self.gimbal.as_ref()?;
-        let now = g.now();
-        Some(g.lock().switch.virtual_view(now))
+        let mut st = g.lock();
+        let now = g.now_locked(&mut st);
+        Some(st.switch.virtual_view(now))
     }
 
     /// The current credit of `tenant` (Gimbal only).
@@ -268,16 +260,47 @@ struct Queued {
 struct GimbalState {
     switch: GimbalSwitch<Queued>,
     tenants: BTreeSet<u32>,
+    /// The latest time handed to the switch: its clock must not go back,
+    /// and threads read the clock before they get the lock.
+    last_now: Nanos,
+}
+
+impl GimbalState {
+    /// `t`, or the latest time already handed to the switch if later.
+    fn monotonic(&mut self, t: Nanos) -> Nanos {
+        if t > self.last_now {
+            self.last_now = t;
+        }
+        self.last_now
+    }
+}
+
+/// How a dispatched request reaches the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Runs inline and never blocks (`ram`, `null`): each request is
+    /// dispatched, executed and completed in turn on the calling thread,
+    /// so that the switch's dispatch and completion times enclose the
+    /// backend call and nothing else.
+    Inline,
+    /// Books a latency model and completes on a timer (`sim`).
+    Untimed,
+    /// May block: io_uring or the blocking pool (`file`).
+    Blocking,
 }
 
 /// The Gimbal switch of one device and the driver that pumps it: requests
 /// go in on submit, leave when the switch dispatches them (at once, on a
 /// completion, or when the pacing timer fires), and their completions feed
-/// the switch back. The lock is never held while a backend runs.
+/// the switch back. The lock is never held while a backend runs, nor while
+/// a completion callback runs.
 struct GimbalStage {
     backend: Arc<dyn Backend>,
     state: Mutex<GimbalState>,
     epoch: Instant,
+    /// The backend's `time_scale` (device time per real time), constant.
+    time_scale: f64,
+    mode: Mode,
     /// Wakes the pacing timer when the earliest dispatch time may have
     /// moved (new work arrived while tokens were short).
     wake: Notify,
@@ -287,17 +310,51 @@ struct GimbalStage {
 type Ready = Vec<(RequestId, Queued)>;
 
 impl GimbalStage {
+    fn new(backend: Arc<dyn Backend>, switch: GimbalSwitch<Queued>) -> Self {
+        let mode = if backend.untimed().is_some() {
+            Mode::Untimed
+        } else if backend.may_block() {
+            Mode::Blocking
+        } else {
+            Mode::Inline
+        };
+        GimbalStage {
+            time_scale: backend.time_scale(),
+            backend,
+            state: Mutex::new(GimbalState {
+                switch,
+                tenants: BTreeSet::new(),
+                last_now: Nanos(0),
+            }),
+            epoch: Instant::now(),
+            mode,
+            wake: Notify::new(),
+            timer_started: Once::new(),
+        }
+    }
+
     /// The switch's clock: the device's time (see `Backend::time_scale`).
     fn now(&self) -> Nanos {
-        Nanos((self.epoch.elapsed().as_nanos() as f64 / self.backend.time_scale()) as u64)
+        let ns = self.epoch.elapsed().as_nanos() as u64;
+        if self.time_scale == 1.0 {
+            Nanos(ns)
+        } else {
+            Nanos((ns as f64 / self.time_scale) as u64)
+        }
+    }
+
+    /// The clock read under the lock, never behind a time already used.
+    fn now_locked(&self, st: &mut GimbalState) -> Nanos {
+        let t = self.now();
+        st.monotonic(t)
     }
 
     /// Real time to wait for `device_ns` of device time.
     fn real_duration(&self, device_ns: u64) -> Duration {
-        Duration::from_nanos((device_ns as f64 * self.backend.time_scale()) as u64)
+        Duration::from_nanos((device_ns as f64 * self.time_scale) as u64)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, GimbalState> {
+    fn lock(&self) -> MutexGuard<'_, GimbalState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -319,35 +376,85 @@ impl GimbalStage {
             IoKind::Read
         };
         let bytes = op.transfer_bytes();
-        let now = self.now();
-        let ready = {
-            let mut st = self.lock();
-            if st.tenants.insert(tenant) {
-                // A fresh id is never a duplicate; ignore the impossible.
-                let _ = st.switch.add_tenant(TenantId(tenant));
-            }
-            if let Err(e) =
-                st.switch
-                    .submit(now, TenantId(tenant), kind, bytes, 0, Queued { op, done })
-            {
-                // Only unknown-tenant errors exist here, and the tenant was
-                // just added; log rather than lose the request silently.
-                log::error!("gimbal switch refused a request: {e}");
-                return;
-            }
-            Self::drain(&mut st, now)
-        };
-        if ready.is_empty() {
+        let mut st = self.lock();
+        if st.tenants.insert(tenant) {
+            // A fresh id is never a duplicate; ignore the impossible.
+            let _ = st.switch.add_tenant(TenantId(tenant));
+        }
+        let now = self.now_locked(&mut st);
+        if let Err(e) = st
+            .switch
+            .submit(now, TenantId(tenant), kind, bytes, 0, Queued { op, done })
+        {
+            // Only unknown-tenant errors exist here, and the tenant was
+            // just added; log rather than lose the request silently.
+            log::error!("gimbal switch refused a request: {e}");
+            return;
+        }
+        if !self.dispatch_from(st, now) {
             self.wake.notify_one();
         }
-        self.run(ready);
     }
 
-    /// Executes dispatched requests; inline completions feed the worklist
-    /// instead of recursing.
+    /// Dispatches what the switch releases at `now` (read under `st`) and
+    /// runs it; whether anything went.
+    fn dispatch_from(self: &Arc<Self>, mut st: MutexGuard<'_, GimbalState>, now: Nanos) -> bool {
+        if self.mode == Mode::Inline {
+            let first = st.switch.poll_dispatch(now);
+            drop(st);
+            match first {
+                Some(d) => {
+                    self.pump_inline(d.id, d.payload);
+                    true
+                }
+                None => false,
+            }
+        } else {
+            let ready = Self::drain(&mut st, now);
+            drop(st);
+            let any = !ready.is_empty();
+            self.run(ready);
+            any
+        }
+    }
+
+    /// Runs dispatched requests on an inline backend one at a time: execute,
+    /// read the clock, complete it and dispatch the next under one lock,
+    /// then hand the previous request's completion to its connection while
+    /// the next one runs. One lock acquisition per request.
+    fn pump_inline(self: &Arc<Self>, mut id: RequestId, mut q: Queued) {
+        let mut finished: Option<(Completion, IoDone)> = None;
+        loop {
+            let result = execute(self.backend.as_ref(), q.op);
+            let completed_at = self.now();
+            if let Some((done, outcome)) = finished.take() {
+                done(outcome);
+            }
+            let next = {
+                let mut st = self.lock();
+                let completed_at = st.monotonic(completed_at);
+                let credit = Self::complete_locked(&mut st, completed_at, id);
+                finished = Some((q.done, IoDone { result, credit }));
+                let now = self.now_locked(&mut st);
+                st.switch.poll_dispatch(now)
+            };
+            match next {
+                Some(d) => (id, q) = (d.id, d.payload),
+                None => break,
+            }
+        }
+        if let Some((done, outcome)) = finished {
+            done(outcome);
+        }
+    }
+
+    /// Executes dispatched requests on a backend that is not inline;
+    /// inline completions feed the worklist instead of recursing.
     fn run(self: &Arc<Self>, mut ready: Ready) {
         while let Some((id, q)) = ready.pop() {
-            if let Some(store) = self.backend.untimed() {
+            if self.mode == Mode::Inline {
+                self.pump_inline(id, q);
+            } else if let Some(store) = self.backend.untimed() {
                 // Booked at once, on the dispatching thread: the model sees
                 // the switch's dispatch time, and the completion fires at
                 // the modelled instant (give or take the timer's tick).
@@ -362,7 +469,7 @@ impl GimbalStage {
                         me.run(more);
                     });
                 }
-            } else if self.backend.may_block() {
+            } else {
                 let me = self.clone();
                 let backend = self.backend.clone();
                 run_blocking(
@@ -373,9 +480,18 @@ impl GimbalStage {
                         me.run(more);
                     }),
                 );
-            } else {
-                let result = execute(self.backend.as_ref(), q.op);
-                ready.extend(self.complete(id, result, q.done));
+            }
+        }
+    }
+
+    /// Feeds a completion to the switch; the credit to report, if it knew
+    /// the request.
+    fn complete_locked(st: &mut GimbalState, now: Nanos, id: RequestId) -> Option<u32> {
+        match st.switch.complete(now, id) {
+            Ok(c) => Some(c.credit),
+            Err(e) => {
+                log::error!("gimbal switch lost track of request {id:?}: {e}");
+                None
             }
         }
     }
@@ -386,16 +502,12 @@ impl GimbalStage {
         result: io::Result<Cow<'static, [u8]>>,
         done: Completion,
     ) -> Ready {
-        let now = self.now();
+        let completed_at = self.now();
         let (credit, ready) = {
             let mut st = self.lock();
-            let credit = match st.switch.complete(now, id) {
-                Ok(c) => Some(c.credit),
-                Err(e) => {
-                    log::error!("gimbal switch lost track of request {id:?}: {e}");
-                    None
-                }
-            };
+            let completed_at = st.monotonic(completed_at);
+            let credit = Self::complete_locked(&mut st, completed_at, id);
+            let now = self.now_locked(&mut st);
             (credit, Self::drain(&mut st, now))
         };
         done(IoDone { result, credit });
@@ -407,8 +519,11 @@ impl GimbalStage {
 /// for the life of the runtime (pipelines live as long as the target).
 async fn pacing_timer(g: Arc<GimbalStage>) {
     loop {
-        let now = g.now();
-        let next = g.lock().switch.next_wakeup(now);
+        let (now, next) = {
+            let mut st = g.lock();
+            let now = g.now_locked(&mut st);
+            (now, st.switch.next_wakeup(now))
+        };
         // Nothing held back: only a submission can change that, and it
         // notifies; the periodic tick is a safety net.
         let wait = next.map_or(Duration::from_millis(100), |t| {
@@ -419,9 +534,9 @@ async fn pacing_timer(g: Arc<GimbalStage>) {
             _ = tokio::time::sleep(wait) => {}
             _ = g.wake.notified() => {}
         }
-        let now = g.now();
-        let ready = GimbalStage::drain(&mut g.lock(), now);
-        g.run(ready);
+        let mut st = g.lock();
+        let now = g.now_locked(&mut st);
+        g.dispatch_from(st, now);
     }
 }
 
