@@ -57,7 +57,7 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::config::GimbalConfig;
 use crate::error::{QosError, Result};
 use crate::time::Nanos;
-use crate::types::{IoKind, RequestId, TenantId};
+use crate::types::{IoKind, RequestId, RequestMap, TenantId};
 
 /// Largest credit value reported; credits travel in 31 bits (see
 /// [`crate::credit`]).
@@ -211,7 +211,7 @@ pub struct VirtualSlotScheduler<T> {
     active: VecDeque<TenantId>,
     deferred: VecDeque<TenantId>,
     head_quantum_granted: bool,
-    in_flight: BTreeMap<RequestId, InFlight>,
+    in_flight: RequestMap<InFlight>,
     next_request_id: u64,
     contending_tenants: usize,
     queued_total: usize,
@@ -289,7 +289,7 @@ impl<T> VirtualSlotScheduler<T> {
             active: VecDeque::new(),
             deferred: VecDeque::new(),
             head_quantum_granted: false,
-            in_flight: BTreeMap::new(),
+            in_flight: RequestMap::default(),
             next_request_id: 0,
             contending_tenants: 0,
             queued_total: 0,
@@ -437,6 +437,9 @@ impl<T> VirtualSlotScheduler<T> {
     /// Moves deferred tenants that may now open a slot to the active tail,
     /// in deferred-list order.
     fn promote_deferred(&mut self) {
+        if self.deferred.is_empty() {
+            return;
+        }
         let allotted = self.allotted_slots();
         let tenants = &mut self.tenants;
         let active = &mut self.active;
@@ -468,6 +471,38 @@ impl<T> VirtualSlotScheduler<T> {
     pub fn next_candidate(&mut self, write_cost: f64) -> Option<Candidate> {
         self.promote_deferred();
         let allotted = self.allotted_slots();
+        // Fast path, the common case: the first pass of the loop below
+        // returns the active head's request. Same result, without the
+        // loop bound's walk over every active tenant.
+        let &tenant = self.active.front()?;
+        let state = self.tenants.get_mut(&tenant).expect("active tenant exists");
+        if state.queued > 0 && state.has_slot_room(allotted) {
+            let head = state.head().expect("queued > 0");
+            let weighted_bytes = Self::weighted(head.kind, head.bytes, write_cost);
+            let candidate = Candidate {
+                id: head.id,
+                tenant,
+                kind: head.kind,
+                bytes: head.bytes,
+                weighted_bytes,
+            };
+            if weighted_bytes <= state.deficit_bytes {
+                return Some(candidate);
+            }
+            if !self.head_quantum_granted
+                && weighted_bytes <= state.deficit_bytes.saturating_add(self.quantum_bytes)
+            {
+                self.head_quantum_granted = true;
+                state.deficit_bytes = state.deficit_bytes.saturating_add(self.quantum_bytes);
+                return Some(candidate);
+            }
+        }
+        self.next_candidate_slow(allotted, write_cost)
+    }
+
+    /// The general case of [`next_candidate`](Self::next_candidate), from
+    /// the state the fast path left untouched.
+    fn next_candidate_slow(&mut self, allotted: u32, write_cost: f64) -> Option<Candidate> {
         // Each rotation grants one quantum, so every head fits after at most
         // max_weighted / quantum visits of its tenant: bound the loop by that.
         let max_weighted = self
@@ -526,6 +561,13 @@ impl<T> VirtualSlotScheduler<T> {
     /// records it as in flight.
     pub fn dispatch(&mut self, write_cost: f64) -> Option<Dispatched<T>> {
         let candidate = self.next_candidate(write_cost)?;
+        Some(self.dispatch_candidate(candidate))
+    }
+
+    /// [`dispatch`](Self::dispatch) of a `candidate` that
+    /// [`next_candidate`](Self::next_candidate) just returned, with no call
+    /// in between: the same outcome without choosing it again.
+    pub(crate) fn dispatch_candidate(&mut self, candidate: Candidate) -> Dispatched<T> {
         let allotted = self.allotted_slots();
         let slot_size = self.slot_size_bytes;
         let state = self
@@ -578,7 +620,7 @@ impl<T> VirtualSlotScheduler<T> {
                 bytes: request.bytes,
             },
         );
-        Some(Dispatched {
+        Dispatched {
             id: request.id,
             tenant: candidate.tenant,
             kind: request.kind,
@@ -586,7 +628,7 @@ impl<T> VirtualSlotScheduler<T> {
             priority: request.priority,
             enqueued_at: request.enqueued_at,
             payload: request.payload,
-        })
+        }
     }
 
     /// Records the completion of a dispatched request (Algorithm 2

@@ -28,9 +28,8 @@ use crate::error::{QosError, Result};
 use crate::scheduler::{Dispatched, VirtualSlotScheduler};
 use crate::time::Nanos;
 use crate::token_bucket::DualTokenBucket;
-use crate::types::{IoKind, RequestId, TenantId};
+use crate::types::{IoKind, RequestId, RequestMap, TenantId};
 use crate::write_cost::WriteCostEstimator;
-use std::collections::BTreeMap;
 
 /// What the switch reports for one device completion.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -112,7 +111,7 @@ pub struct GimbalSwitch<T> {
     buckets: DualTokenBucket,
     write_cost: WriteCostEstimator,
     scheduler: VirtualSlotScheduler<T>,
-    dispatched_at: BTreeMap<RequestId, Nanos>,
+    dispatched_at: RequestMap<Nanos>,
 }
 
 impl<T> GimbalSwitch<T> {
@@ -125,7 +124,7 @@ impl<T> GimbalSwitch<T> {
             buckets: DualTokenBucket::new(config.token_bucket_bytes),
             write_cost: WriteCostEstimator::new(config)?,
             scheduler: VirtualSlotScheduler::new(config)?,
-            dispatched_at: BTreeMap::new(),
+            dispatched_at: RequestMap::default(),
         })
     }
 
@@ -173,8 +172,7 @@ impl<T> GimbalSwitch<T> {
         if !self.buckets.try_consume(candidate.kind, candidate.bytes) {
             return None;
         }
-        let dispatched = self.scheduler.dispatch(write_cost)?;
-        debug_assert_eq!(dispatched.id, candidate.id);
+        let dispatched = self.scheduler.dispatch_candidate(candidate);
         self.dispatched_at.insert(dispatched.id, now);
         Some(dispatched)
     }

@@ -52,3 +52,29 @@ impl IoKind {
         }
     }
 }
+
+/// A map keyed by [`RequestId`] for lookups only (never iterated, so its
+/// order cannot leak into decisions). Ids are sequential: a multiplicative
+/// hash spreads them at a fraction of SipHash's cost.
+pub(crate) type RequestMap<V> =
+    std::collections::HashMap<RequestId, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`RequestMap`]: Fibonacci hashing of one `u64`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
