@@ -36,6 +36,8 @@ use nvmf_initiator::ReconnectPolicy;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::qos::{parse_mode, QosConfig};
+
 /// A parsed, checked volume configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VolumeConfig {
@@ -58,6 +60,8 @@ pub struct VolumeConfig {
     pub reconnect: ReconnectPolicy,
     /// Keep Alive timeout proposed to the target.
     pub keep_alive: Duration,
+    /// Client-side QoS (`[qos]`): credit mode and rate limits.
+    pub qos: QosConfig,
 }
 
 /// One target namespace (a replica, once volumes have several).
@@ -93,6 +97,24 @@ struct Raw {
     io: RawIo,
     #[serde(default)]
     reconnect: RawReconnect,
+    #[serde(default)]
+    qos: RawQos,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawQos {
+    credits: Option<Spanned<String>>,
+    initial_window: Option<Spanned<i64>>,
+    max_window: Option<Spanned<i64>>,
+    riops: Option<Spanned<i64>>,
+    wiops: Option<Spanned<i64>>,
+    rbps: Option<Spanned<i64>>,
+    wbps: Option<Spanned<i64>>,
+    riops_burst: Option<Spanned<i64>>,
+    wiops_burst: Option<Spanned<i64>>,
+    rbps_burst: Option<Spanned<i64>>,
+    wbps_burst: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -282,6 +304,7 @@ impl VolumeConfig {
                 "must be at least reconnect_delay (or -1: keep trying forever)",
             ));
         }
+        let qos = parse_qos(&cx, &raw.qos)?;
         Ok(Self {
             path: path.to_path_buf(),
             name: raw.name.get_ref().clone(),
@@ -302,8 +325,39 @@ impl VolumeConfig {
                 requeue: true,
             },
             keep_alive: Duration::from_secs(kato as u64),
+            qos,
         })
     }
+}
+
+fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
+    let mut c = QosConfig::new();
+    if let Some(m) = &q.credits {
+        c.credits = parse_mode(m.get_ref()).ok_or_else(|| {
+            cx.err(
+                m,
+                "qos.credits",
+                "one of \"auto\", \"target\", \"estimate\", \"off\"",
+            )
+        })?;
+    }
+    let w = |v: &Option<Spanned<i64>>, f: &str, d: u32| {
+        cx.int(v, f, i64::from(d), 1..=65535).map(|x| x as u32)
+    };
+    c.initial_window = w(&q.initial_window, "qos.initial_window", c.initial_window)?;
+    c.max_window = w(&q.max_window, "qos.max_window", c.max_window)?;
+    const MAX: i64 = 1 << 50;
+    let n = |v: &Option<Spanned<i64>>, f: &str| cx.int(v, f, 0, 0..=MAX).map(|x| x as u64);
+    let l = &mut c.limits;
+    l.read_iops = n(&q.riops, "qos.riops")?;
+    l.write_iops = n(&q.wiops, "qos.wiops")?;
+    l.read_bps = n(&q.rbps, "qos.rbps")?;
+    l.write_bps = n(&q.wbps, "qos.wbps")?;
+    l.read_iops_burst = n(&q.riops_burst, "qos.riops_burst")?;
+    l.write_iops_burst = n(&q.wiops_burst, "qos.wiops_burst")?;
+    l.read_bps_burst = n(&q.rbps_burst, "qos.rbps_burst")?;
+    l.write_bps_burst = n(&q.wbps_burst, "qos.wbps_burst")?;
+    Ok(c)
 }
 
 /// Parse a UUID with or without dashes.
@@ -423,6 +477,26 @@ queues = 2
 
         let e = parse(&format!("{GOOD}[host]\nnqn = \"nqn.x\"\nid = \"zz\"\n")).unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (10, "host.id"));
+    }
+
+    #[test]
+    fn qos_section_parses_and_names_bad_fields() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.qos, QosConfig::new());
+        let c = parse(&format!(
+            "{GOOD}[qos]\ncredits = \"estimate\"\nriops = 2000\nriops_burst = 20\nwbps = 1048576\n"
+        ))
+        .unwrap();
+        assert_eq!(c.qos.credits, qos_core::credit_gate::CreditMode::Estimate);
+        assert_eq!(c.qos.limits.read_iops, 2000);
+        assert_eq!(c.qos.limits.read_iops_burst, 20);
+        assert_eq!(c.qos.limits.write_bps, 1 << 20);
+        let e = parse(&format!("{GOOD}[qos]\ncredits = \"many\"\n")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (9, "qos.credits"));
+        let e = parse(&format!("{GOOD}[qos]\nriops = -1\n")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (9, "qos.riops"));
+        let e = parse(&format!("{GOOD}[qos]\nread_iops = 1\n")).unwrap_err();
+        assert!(e.field.contains("read_iops"), "{e}");
     }
 
     #[test]

@@ -132,6 +132,11 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
             "ping" => "pong\n".into(),
             "status-json" => serde_json::to_string(&v3.snapshot(&dev3)).unwrap_or_default() + "\n",
             "status" => format_status(&v3.snapshot(&dev3)),
+            "reload" => control_reload(&v3),
+            l if l.starts_with("set ") => {
+                let words: Vec<&str> = l[4..].split_whitespace().collect();
+                control_set(&v3, &words)
+            }
             "stop" => {
                 stop3.store(true, Ordering::SeqCst);
                 "stopping\n".into()
@@ -161,7 +166,118 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `set` on the control socket: apply, log, answer with the settings now
+/// in force (or `error: ...`).
+fn control_set(vol: &Volume, words: &[&str]) -> String {
+    let q = &vol.qos;
+    match ublk_target::qos::apply_settings(&q.settings(), words) {
+        Ok(c) => {
+            q.apply(q.now(Instant::now()), &c);
+            let line = format_settings(&c);
+            log::warn!("volume {}: qos set: {line}", vol.config.name);
+            format!("{line}\n")
+        }
+        Err(e) => format!("error: {e}\n"),
+    }
+}
+
+/// `reload`: re-read the config file; only `[qos]` changes take effect
+/// (the rest needs a restart, and is reported).
+fn control_reload(vol: &Volume) -> String {
+    let c = match VolumeConfig::load(&vol.config.path) {
+        Ok(c) => c,
+        Err(e) => return format!("error: {e}\n"),
+    };
+    let q = &vol.qos;
+    q.apply(q.now(Instant::now()), &c.qos);
+    let mut old = vol.config.clone();
+    old.qos = c.qos;
+    let line = format_settings(&c.qos);
+    log::warn!("volume {}: qos reloaded: {line}", vol.config.name);
+    if old != c {
+        format!("{line}\nnote: changes outside [qos] need a restart\n")
+    } else {
+        format!("{line}\n")
+    }
+}
+
+fn format_settings(c: &ublk_target::qos::QosConfig) -> String {
+    let l = &c.limits;
+    format!(
+        "credits={} riops={} wiops={} rbps={} wbps={} riops_burst={} wiops_burst={} rbps_burst={} wbps_burst={}",
+        ublk_target::qos::mode_name(c.credits),
+        l.read_iops,
+        l.write_iops,
+        l.read_bps,
+        l.write_bps,
+        l.read_iops_burst,
+        l.write_iops_burst,
+        l.read_bps_burst,
+        l.write_bps_burst
+    )
+}
+
+/// `set NAME key=value...`.
+pub fn set(name: &str, settings: &[String]) -> anyhow::Result<()> {
+    let reply = state::request(
+        &state::run_dir(),
+        name,
+        &format!("set {}", settings.join(" ")),
+    )?;
+    if let Some(e) = reply.strip_prefix("error: ") {
+        bail!("{}", e.trim_end());
+    }
+    print!("{reply}");
+    Ok(())
+}
+
+/// `reload NAME`.
+pub fn reload(name: &str) -> anyhow::Result<()> {
+    let reply = state::request(&state::run_dir(), name, "reload")?;
+    if let Some(e) = reply.strip_prefix("error: ") {
+        bail!("{}", e.trim_end());
+    }
+    print!("{reply}");
+    Ok(())
+}
+
 fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
+    let q = &s.qos;
+    let credit = q
+        .target_credit
+        .map_or_else(|| "none".to_owned(), |c| c.to_string());
+    let limit = |n: u64| {
+        if n == 0 {
+            "max".to_owned()
+        } else {
+            n.to_string()
+        }
+    };
+    format_counters(s)
+        + &format!(
+            "  qos: credits {} (window {} from {}, target credit {credit}), in flight {} (max {}, over credit {})\n               qos: local queue {} (max {}), waited {} of {} (mean {} us, max {} us), limiter delays {}, credit waits {}\n               qos: riops {} wiops {} rbps {} wbps {}\n",
+            q.credits_mode,
+            q.window,
+            q.window_source,
+            q.in_flight,
+            q.in_flight_max,
+            q.over_credit,
+            q.queued,
+            q.queued_max,
+            q.waited,
+            q.admitted,
+            q.wait_us_mean,
+            q.wait_us_max,
+            q.limiter_delays,
+            q.credit_waits,
+            limit(q.riops),
+            limit(q.wiops),
+            limit(q.rbps),
+            limit(q.wbps)
+        )
+}
+
+fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
     format!(
         "volume {}: {} -> {} {} ({})\n  reads {} ({} bytes), writes {} ({} bytes), flushes {}, discards {}\n  \
          errors {}, in flight {}, queue failures {}, controller resets {}, sends {}\n",

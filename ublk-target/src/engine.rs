@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use nvmf_proto::fabrics::PriorityClass;
 
+use crate::qos::{Class, QueueQos, Ticket};
 use crate::volume::{Stats, Volume};
 
 /// Period of the housekeeping timer.
@@ -103,6 +104,11 @@ pub struct Engine {
     generation: u64,
     /// Requests waiting for a connection, oldest first.
     held: VecDeque<Request<TagBuf>>,
+    /// Rate limiter and credit gate in front of the NVMe queue.
+    qos: QueueQos<Request<TagBuf>>,
+    /// Per tag: the QoS ticket of an admitted request.
+    tickets: Vec<Option<Ticket>>,
+    pace_waker: Option<Waker>,
     /// Per tag: the outcome once known (true: success).
     results: Vec<Option<bool>>,
     wakers: Vec<Option<Waker>>,
@@ -115,9 +121,13 @@ pub struct Engine {
 
 impl Engine {
     /// An engine for a queue of `depth` tags; not connected yet.
-    pub fn new(volume: Arc<Volume>, depth: u16) -> Self {
+    pub fn new(volume: Arc<Volume>, qid: u16, depth: u16) -> Self {
         let stats = Arc::clone(&volume.stats);
+        let qos = QueueQos::new(Arc::clone(&volume.qos), qid);
         Self {
+            qos,
+            tickets: vec![None; usize::from(depth)],
+            pace_waker: None,
             volume,
             stats,
             qid: None,
@@ -198,14 +208,49 @@ impl Engine {
         }
     }
 
-    /// Queue a request for tag `tag`.
-    pub fn submit(&mut self, tag: u16, command: Command, buf: Option<TagBuf>) {
+    /// Queue a request for tag `tag`: `class` and `bytes` are what the
+    /// rate limiter charges.
+    pub fn submit(
+        &mut self,
+        tag: u16,
+        command: Command,
+        buf: Option<TagBuf>,
+        class: Class,
+        bytes: u64,
+    ) {
         self.stats.inflight.fetch_add(1, Ordering::Relaxed);
         let req = Request {
             command,
             buf,
             user_data: u64::from(tag),
         };
+        let now = self.qos.shared().now(Instant::now());
+        self.qos.push(now, req, class, bytes);
+        self.pump(now);
+    }
+
+    /// Send what the QoS stage admits now; arm the pacing timer if the
+    /// limiter holds the head back.
+    fn pump(&mut self, now: qos_core::Nanos) {
+        while let Some((req, ticket)) = self.qos.poll_admit(now) {
+            if let Some(t) = self.tickets.get_mut(req.user_data as usize) {
+                *t = Some(ticket);
+            }
+            self.send(req);
+        }
+        if self.qos.timer().is_some() {
+            wake(&mut self.pace_waker);
+        }
+    }
+
+    /// How long until the pacing timer should fire, if it is armed.
+    fn pace_delay(&self) -> Option<Duration> {
+        let at = self.qos.timer()?;
+        let now = self.qos.shared().now(Instant::now());
+        Some(Duration::from_nanos(at.nanos_since(now)).min(TICK))
+    }
+
+    fn send(&mut self, req: Request<TagBuf>) {
         match self.conn.as_mut() {
             Some(c) => {
                 if let Err(rej) = c.queue.submit(Instant::now(), req) {
@@ -230,6 +275,11 @@ impl Engine {
     }
 
     fn finish(&mut self, tag: usize, ok: bool) {
+        if let Some(t) = self.tickets.get_mut(tag).and_then(Option::take) {
+            // Failed without a completion: give the credit back.
+            let now = self.qos.shared().now(Instant::now());
+            self.qos.on_done(now, t, None);
+        }
         self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
         if !ok {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -243,14 +293,8 @@ impl Engine {
     }
 
     fn drain_events(&mut self) {
-        loop {
-            let Some(c) = self.conn.as_mut() else { return };
-            let Some(ev) = c.queue.poll_event() else {
-                if c.queue.has_transmit() {
-                    wake(&mut self.tx_waker);
-                }
-                return;
-            };
+        let mut completed = false;
+        while let Some(ev) = self.conn.as_mut().and_then(|c| c.queue.poll_event()) {
             match ev {
                 Event::Connected { .. } => {}
                 Event::Completed(done) => {
@@ -263,11 +307,30 @@ impl Engine {
                             done.status
                         );
                     }
-                    self.finish(done.user_data as usize, ok);
+                    let tag = done.user_data as usize;
+                    if let Some(t) = self.tickets.get_mut(tag).and_then(Option::take) {
+                        let now = self.qos.shared().now(Instant::now());
+                        self.qos.on_done(now, t, Some(done.dw1));
+                        completed = true;
+                    }
+                    self.finish(tag, ok);
                 }
                 Event::Failed(e) => self.on_failure(e),
             }
         }
+        if completed && self.qos.queued() > 0 {
+            let now = self.qos.shared().now(Instant::now());
+            self.pump(now);
+        }
+        if self.conn.as_ref().is_some_and(|c| c.queue.has_transmit()) {
+            wake(&mut self.tx_waker);
+        }
+    }
+
+    /// The pacing timer fired.
+    fn on_pace(&mut self) {
+        let now = self.qos.shared().now(Instant::now());
+        self.pump(now);
     }
 
     /// The connection is gone: reset the controller (once, whoever
@@ -324,6 +387,12 @@ impl Engine {
                 }
             }
             self.try_connect(now);
+        }
+        // Settings changed at run time (credit mode, limits) reach a
+        // queue that is otherwise idle.
+        if self.qos.queued() > 0 {
+            let qnow = self.qos.shared().now(now);
+            self.pump(qnow);
         }
     }
 
@@ -437,6 +506,45 @@ impl Future for TagWait {
 enum Wait {
     Rx,
     Tx,
+}
+
+/// Wait until the pacing timer is armed; yields the delay.
+struct PaceWait {
+    engine: Rc<RefCell<Engine>>,
+}
+
+impl Future for PaceWait {
+    type Output = Duration;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Duration> {
+        let mut e = self.engine.borrow_mut();
+        match e.pace_delay() {
+            Some(d) => Poll::Ready(d),
+            None => {
+                e.pace_waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The pacing task (runs for the queue thread's lifetime): while the rate
+/// limiter holds a request back, one Timeout SQE on the queue's ring at its
+/// eligible instant (at most [`TICK`] away, so a limit raised at run time
+/// takes effect within a tick); nothing runs otherwise.
+pub async fn pace_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
+    loop {
+        let d = PaceWait {
+            engine: Rc::clone(&engine),
+        }
+        .await;
+        if !d.is_zero() {
+            let ts = io_uring::types::Timespec::new()
+                .sec(d.as_secs())
+                .nsec(d.subsec_nanos());
+            op(io_uring::opcode::Timeout::new(&ts).build()).await;
+        }
+        engine.borrow_mut().on_pace();
+    }
 }
 
 struct WaitFor {

@@ -54,6 +54,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Change a running volume's QoS settings (no restart, no lost I/O):
+    /// riops, wiops, rbps, wbps (0 or max: unlimited; k/m/g suffixes),
+    /// their *_burst, credits=auto|target|estimate|off.
+    Set {
+        /// Volume name.
+        name: String,
+        /// key=value settings.
+        #[arg(required = true)]
+        settings: Vec<String>,
+    },
+    /// Re-read a running volume's config file and apply its [qos] section.
+    Reload {
+        /// Volume name.
+        name: String,
+    },
     /// Reattach a device whose server died (same /dev/ublkbN; in-flight I/O
     /// is reissued).
     Recover {
@@ -374,6 +389,8 @@ fn main() -> ExitCode {
         Cmd::Del { name } => daemon::del(name).map(|_| true),
         Cmd::List => daemon::list().map(|_| true),
         Cmd::Status { name, json } => daemon::status(name, *json).map(|_| true),
+        Cmd::Set { name, settings } => daemon::set(name, settings).map(|_| true),
+        Cmd::Reload { name } => daemon::reload(name).map(|_| true),
         Cmd::Recover { name } => daemon::recover(name).map(|_| true),
         Cmd::Demo { size } => daemon::demo(size).map(|_| true),
         Cmd::UdevName { kernel } => daemon::udev_name(kernel).map(|_| true),

@@ -24,6 +24,7 @@ use libublk::{BufDesc, UblkError, UblkFlags, UblkUringData};
 use crate::engine::{self, Engine, TagBuf, TagWait};
 use crate::error::Error;
 use crate::mapping::{self, DeviceParams, Op, Plan, ReqFlags};
+use crate::qos::Class;
 use crate::volume::Volume;
 
 /// The ublk control device; `UBLK_NVMF_CONTROL` overrides it (tests point
@@ -213,7 +214,7 @@ fn queue_main(qid: u16, dev: &UblkDev, vol: Arc<Volume>) {
             return;
         }
     };
-    let engine = Rc::new(RefCell::new(Engine::new(Arc::clone(&vol), depth)));
+    let engine = Rc::new(RefCell::new(Engine::new(Arc::clone(&vol), qid, depth)));
     engine.borrow_mut().try_connect(Instant::now());
     let exe = smol::LocalExecutor::new();
     let mut tag_tasks = Vec::new();
@@ -234,6 +235,8 @@ fn queue_main(qid: u16, dev: &UblkDev, vol: Arc<Volume>) {
     exe.spawn(engine::tx_task(Rc::clone(&engine), uring_op))
         .detach();
     exe.spawn(engine::tick_task(Rc::clone(&engine), uring_op))
+        .detach();
+    exe.spawn(engine::pace_task(Rc::clone(&engine), uring_op))
         .detach();
     smol::block_on(exe.run(async {
         let run_ops = || while exe.try_tick() {};
@@ -278,7 +281,14 @@ async fn tag_task(
                     // not touched until TagWait returns.
                     unsafe { TagBuf::new(buf.as_mut_ptr(), data_len as usize) }
                 });
-                engine.borrow_mut().submit(tag, command, data);
+                let class = match op {
+                    Op::Read => Class::Read,
+                    Op::Write => Class::Write,
+                    _ => Class::Other,
+                };
+                engine
+                    .borrow_mut()
+                    .submit(tag, command, data, class, u64::from(nr_sectors) << 9);
                 let ok = TagWait {
                     engine: Rc::clone(engine),
                     tag,

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::VolumeConfig;
 use crate::error::Error;
 use crate::mapping::Geometry;
+use crate::qos::{QosSnapshot, VolumeQos};
 
 /// Counters of a volume (all queues), cheap to update from queue threads.
 #[derive(Debug, Default)]
@@ -79,6 +80,8 @@ pub struct StatsSnapshot {
     pub queue_failures: u64,
     /// Socket sends.
     pub sends: u64,
+    /// Client-side QoS: credits, rate limits, local queue.
+    pub qos: QosSnapshot,
 }
 
 /// What a recovering server checks before it reattaches a device: the
@@ -111,6 +114,8 @@ pub struct Volume {
     pub identity: TargetIdentity,
     /// Counters.
     pub stats: Arc<Stats>,
+    /// Rate limiter, run-time QoS settings and QoS counters (all queues).
+    pub qos: Arc<VolumeQos>,
 }
 
 impl Volume {
@@ -152,13 +157,14 @@ impl Volume {
             geometry,
         };
         Ok(Self {
-            config,
             host,
             addr,
             ctrl,
             geometry,
             identity,
             stats: Arc::new(Stats::default()),
+            qos: Arc::new(VolumeQos::new(&config.qos, config.queues)),
+            config,
         })
     }
 
@@ -183,6 +189,7 @@ impl Volume {
             inflight: g(&s.inflight),
             queue_failures: g(&s.reconnects),
             sends: g(&s.sends),
+            qos: self.qos.snapshot(),
         }
     }
 }

@@ -1,0 +1,769 @@
+//! Client-side QoS of a volume: the rate limiter and the credit gate in
+//! front of each ublk queue's NVMe/TCP I/O queue.
+//!
+//! The policies are `qos-core`'s pure state machines
+//! ([`RateLimiter`], [`CreditGate`]); this module is the wiring, still
+//! without I/O or a clock (every call takes `now`), so it is tested here
+//! on a virtual clock and the engine only pumps it:
+//!
+//! ```text
+//! submit ─► QueueQos::push ─► local FIFO ─► poll_admit(now) ─► NVMe queue
+//!                                 ▲   head waits for: the limiter (timer at
+//!                                 │   `timer()`), then a credit (the next
+//!                                 │   completion)
+//! completion ─► on_done(now, ticket, dw1) ────┘
+//! ```
+//!
+//! - **Rate limiter**: one per volume ([`VolumeQos`]), shared by the
+//!   volume's queue threads under a mutex held for one `try_acquire`. A
+//!   queue whose head is not yet eligible arms a Timeout SQE on its own
+//!   ring at the eligible instant (`timer()`), so nothing spins and no
+//!   thread hop is needed: every queue times its own retry.
+//! - **Credit gate**: one per queue thread (its own NVMe/TCP queue, its
+//!   own completions). The credit a Gimbal target reports is the tenant's
+//!   total over all its queues, so queue `q` of `n` may use its share,
+//!   `credit / n` plus one of the remainder; the shares add up to the
+//!   credit. One request is always allowed when the queue has nothing in
+//!   flight, so a zero credit (or a share of zero when the credit is below
+//!   the number of queues) cannot deadlock; only then can the volume's
+//!   in-flight exceed the credit, by at most `n - 1`.
+//! - The FIFO is strict: a request is never overtaken, so a write cannot
+//!   pass an earlier one to the same blocks. The limiter's token is taken
+//!   once (`paid`), even if the credit gate then holds the request.
+//! - Flushes, discards and write-zeroes pass the limiter (cgroup's io.max
+//!   does not count them either) but take a credit: they occupy the
+//!   target like any command.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use qos_core::credit_gate::{CreditGate, CreditGateConfig, CreditMode, WindowSource};
+use qos_core::rate_limiter::{RateLimiter, RateLimits};
+use qos_core::{IoKind, Nanos};
+use serde::{Deserialize, Serialize};
+
+/// A volume's QoS settings (`[qos]` in its config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QosConfig {
+    /// Where the credit window comes from.
+    pub credits: CreditMode,
+    /// Window before any credit or latency was seen.
+    pub initial_window: u32,
+    /// Upper bound of the estimated window.
+    pub max_window: u32,
+    /// Rate limits (0 = unlimited).
+    pub limits: RateLimits,
+}
+
+impl QosConfig {
+    /// Defaults: credits `auto`, no limits.
+    pub fn new() -> Self {
+        let g = CreditGateConfig::default();
+        Self {
+            credits: CreditMode::Auto,
+            initial_window: g.initial_window,
+            max_window: g.max_window,
+            limits: RateLimits::default(),
+        }
+    }
+
+    fn gate_config(&self) -> CreditGateConfig {
+        CreditGateConfig {
+            mode: self.credits,
+            initial_window: self.initial_window,
+            max_window: self.max_window,
+            ..CreditGateConfig::default()
+        }
+    }
+}
+
+/// The name of a credit mode as the config and `set` spell it.
+pub fn mode_name(m: CreditMode) -> &'static str {
+    match m {
+        CreditMode::Auto => "auto",
+        CreditMode::Target => "target",
+        CreditMode::Estimate => "estimate",
+        CreditMode::Off => "off",
+    }
+}
+
+/// Parse a credit mode.
+pub fn parse_mode(s: &str) -> Option<CreditMode> {
+    Some(match s {
+        "auto" => CreditMode::Auto,
+        "target" => CreditMode::Target,
+        "estimate" => CreditMode::Estimate,
+        "off" => CreditMode::Off,
+        _ => return None,
+    })
+}
+
+fn mode_code(m: CreditMode) -> u8 {
+    match m {
+        CreditMode::Auto => 0,
+        CreditMode::Target => 1,
+        CreditMode::Estimate => 2,
+        CreditMode::Off => 3,
+    }
+}
+
+fn mode_from_code(c: u8) -> CreditMode {
+    match c {
+        1 => CreditMode::Target,
+        2 => CreditMode::Estimate,
+        3 => CreditMode::Off,
+        _ => CreditMode::Auto,
+    }
+}
+
+fn source_name(s: u8) -> &'static str {
+    match s {
+        1 => "target",
+        2 => "initial",
+        3 => "estimate",
+        4 => "unlimited",
+        _ => "none",
+    }
+}
+
+fn source_code(s: WindowSource) -> u8 {
+    match s {
+        WindowSource::Target => 1,
+        WindowSource::Initial => 2,
+        WindowSource::Estimate => 3,
+        WindowSource::Unlimited => 4,
+    }
+}
+
+/// Parse a number with an optional binary suffix (`k`, `m`, `g`: 2^10,
+/// 2^20, 2^30, as cgroup tools accept them), or `max` (= 0, unlimited).
+pub fn parse_amount(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if s == "max" {
+        return Some(0);
+    }
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// Apply `key=value` settings (`riops`, `wiops`, `rbps`, `wbps`, their
+/// `_burst`s, `credits`) to `cfg`; the result or a message naming the bad
+/// word. Nothing is applied unless every word is good.
+pub fn apply_settings(cfg: &QosConfig, words: &[&str]) -> Result<QosConfig, String> {
+    let mut c = *cfg;
+    if words.is_empty() {
+        return Err("nothing to set (give key=value, e.g. riops=2000)".into());
+    }
+    for w in words {
+        let (k, v) = w
+            .split_once('=')
+            .ok_or_else(|| format!("{w:?}: expected key=value"))?;
+        if k == "credits" {
+            c.credits = parse_mode(v)
+                .ok_or_else(|| format!("{w:?}: credits is one of auto, target, estimate, off"))?;
+            continue;
+        }
+        let n = parse_amount(v).ok_or_else(|| {
+            format!("{w:?}: expected a number (k/m/g suffixes, 0 or max = unlimited)")
+        })?;
+        let l = &mut c.limits;
+        let slot = match k {
+            "riops" => &mut l.read_iops,
+            "wiops" => &mut l.write_iops,
+            "rbps" => &mut l.read_bps,
+            "wbps" => &mut l.write_bps,
+            "riops_burst" => &mut l.read_iops_burst,
+            "wiops_burst" => &mut l.write_iops_burst,
+            "rbps_burst" => &mut l.read_bps_burst,
+            "wbps_burst" => &mut l.write_bps_burst,
+            _ => {
+                return Err(format!(
+                    "{k:?}: unknown setting (riops, wiops, rbps, wbps, *_burst, credits)"
+                ))
+            }
+        };
+        *slot = n;
+    }
+    Ok(c)
+}
+
+/// The QoS state of a volume shared by its queue threads: the rate
+/// limiter, the settings that can change at run time, and counters.
+#[derive(Debug)]
+pub struct VolumeQos {
+    epoch: Instant,
+    queues: u16,
+    limiter: Mutex<RateLimiter>,
+    /// Whether any limit is set (skips the lock when not).
+    limited: AtomicBool,
+    mode: AtomicU8,
+    settings: Mutex<QosConfig>,
+    /// Bumped on every change, so queues notice with one load.
+    version: AtomicU64,
+    stats: QosCounters,
+}
+
+#[derive(Debug, Default)]
+struct QosCounters {
+    window: AtomicU32,
+    source: AtomicU8,
+    last_credit: AtomicU32,
+    credit_seen: AtomicBool,
+    in_flight: AtomicU64,
+    in_flight_max: AtomicU64,
+    over_credit: AtomicU64,
+    queued: AtomicU64,
+    queued_max: AtomicU64,
+    admitted: AtomicU64,
+    waited: AtomicU64,
+    wait_ns_total: AtomicU64,
+    wait_ns_max: AtomicU64,
+    limiter_delays: AtomicU64,
+    credit_waits: AtomicU64,
+}
+
+/// What `status` shows of a volume's QoS.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct QosSnapshot {
+    /// Credit mode: auto, target, estimate, off.
+    pub credits_mode: String,
+    /// Current window (all queues) and where it comes from.
+    pub window: u32,
+    /// target, initial, estimate, unlimited.
+    pub window_source: String,
+    /// The credit total last reported by the target, if any.
+    pub target_credit: Option<u32>,
+    /// Admitted and not yet completed (all queues).
+    pub in_flight: u64,
+    /// The most ever in flight on one queue.
+    pub in_flight_max: u64,
+    /// Admissions that left a queue above its share of the window (must
+    /// stay 0: the gate's invariant, checked independently).
+    pub over_credit: u64,
+    /// Requests waiting in the local FIFOs now, and the most ever.
+    pub queued: u64,
+    /// The most ever waiting.
+    pub queued_max: u64,
+    /// Requests admitted so far.
+    pub admitted: u64,
+    /// Of those, how many had to wait.
+    pub waited: u64,
+    /// Mean and longest wait in the local FIFO (µs), over those admitted.
+    pub wait_us_mean: u64,
+    /// Longest wait (µs).
+    pub wait_us_max: u64,
+    /// Times a head request waited for the limiter / for a credit.
+    pub limiter_delays: u64,
+    /// Times a head request waited for a credit.
+    pub credit_waits: u64,
+    /// Rate limits in force (0 = unlimited).
+    pub riops: u64,
+    /// Write IOPS limit.
+    pub wiops: u64,
+    /// Read bytes/s limit.
+    pub rbps: u64,
+    /// Write bytes/s limit.
+    pub wbps: u64,
+}
+
+impl VolumeQos {
+    /// The shared state of a volume with `queues` ublk queues.
+    pub fn new(cfg: &QosConfig, queues: u16) -> Self {
+        Self {
+            epoch: Instant::now(),
+            queues: queues.max(1),
+            limiter: Mutex::new(RateLimiter::new(cfg.limits)),
+            limited: AtomicBool::new(cfg.limits != RateLimits::default()),
+            mode: AtomicU8::new(mode_code(cfg.credits)),
+            settings: Mutex::new(*cfg),
+            version: AtomicU64::new(0),
+            stats: QosCounters::default(),
+        }
+    }
+
+    /// `now` on the QoS clock (nanoseconds since the volume started).
+    pub fn now(&self, at: Instant) -> Nanos {
+        Nanos(at.saturating_duration_since(self.epoch).as_nanos() as u64)
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> QosConfig {
+        *self.settings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Change the settings at run time: limits take effect at once (tokens
+    /// carried over, capped at the new burst), the credit mode at each
+    /// queue's next admission. Nothing queued or in flight is lost.
+    pub fn apply(&self, now: Nanos, cfg: &QosConfig) {
+        let mut s = self.settings.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut l = self.limiter.lock().unwrap_or_else(|e| e.into_inner());
+            l.set_limits(now, cfg.limits);
+            self.limited
+                .store(!l.is_unlimited(), std::sync::atomic::Ordering::Release);
+        }
+        self.mode.store(mode_code(cfg.credits), Ordering::Release);
+        *s = *cfg;
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    /// A copy of the counters for `status`.
+    pub fn snapshot(&self) -> QosSnapshot {
+        let s = &self.stats;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let cfg = self.settings();
+        let admitted = g(&s.admitted);
+        QosSnapshot {
+            credits_mode: mode_name(cfg.credits).into(),
+            window: s.window.load(Ordering::Relaxed),
+            window_source: source_name(s.source.load(Ordering::Relaxed)).into(),
+            target_credit: s
+                .credit_seen
+                .load(Ordering::Relaxed)
+                .then(|| s.last_credit.load(Ordering::Relaxed)),
+            in_flight: g(&s.in_flight),
+            in_flight_max: g(&s.in_flight_max),
+            over_credit: g(&s.over_credit),
+            queued: g(&s.queued),
+            queued_max: g(&s.queued_max),
+            admitted,
+            waited: g(&s.waited),
+            wait_us_mean: g(&s.wait_ns_total).checked_div(admitted).unwrap_or(0) / 1000,
+            wait_us_max: g(&s.wait_ns_max) / 1000,
+            limiter_delays: g(&s.limiter_delays),
+            credit_waits: g(&s.credit_waits),
+            riops: cfg.limits.read_iops,
+            wiops: cfg.limits.write_iops,
+            rbps: cfg.limits.read_bps,
+            wbps: cfg.limits.write_bps,
+        }
+    }
+}
+
+/// What a request is to the limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// A read of `bytes`.
+    Read,
+    /// A write of `bytes`.
+    Write,
+    /// Flush, discard, write-zeroes: not rate-limited, but take a credit.
+    Other,
+}
+
+/// Handed out with an admitted request, handed back on its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    sent_at: Nanos,
+    kind: IoKind,
+    bytes: u64,
+}
+
+struct Waiting<T> {
+    item: T,
+    class: Class,
+    bytes: u64,
+    since: Nanos,
+    paid: bool,
+}
+
+/// The QoS stage of one ublk queue; see the module documentation.
+pub struct QueueQos<T> {
+    shared: Arc<VolumeQos>,
+    gate: CreditGate,
+    qid: u16,
+    version: u64,
+    waiting: VecDeque<Waiting<T>>,
+    timer: Option<Nanos>,
+    /// Whether the head is known to wait for a credit (counted once).
+    credit_blocked: bool,
+}
+
+impl<T> QueueQos<T> {
+    /// The stage of queue `qid` of the volume.
+    pub fn new(shared: Arc<VolumeQos>, qid: u16) -> Self {
+        let cfg = shared.settings();
+        let gate = CreditGate::new(&cfg.gate_config()).unwrap_or_else(|_| {
+            CreditGate::new(&CreditGateConfig::default()).expect("default config is valid")
+        });
+        let version = shared.version.load(Ordering::Acquire);
+        Self {
+            shared,
+            gate,
+            qid,
+            version,
+            waiting: VecDeque::new(),
+            timer: None,
+            credit_blocked: false,
+        }
+    }
+
+    /// The shared state.
+    pub fn shared(&self) -> &Arc<VolumeQos> {
+        &self.shared
+    }
+
+    /// This queue's share of a window of `w`.
+    fn share(&self, w: u32) -> u32 {
+        let n = u32::from(self.shared.queues);
+        if w == u32::MAX {
+            return w;
+        }
+        w / n + u32::from(u32::from(self.qid) < w % n)
+    }
+
+    /// Requests waiting here.
+    pub fn queued(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Requests admitted and not completed.
+    pub fn in_flight(&self) -> u32 {
+        self.gate.in_flight()
+    }
+
+    /// When the head becomes eligible at the limiter, if it waits for it:
+    /// the caller arms a timer and calls [`QueueQos::poll_admit`] then.
+    pub fn timer(&self) -> Option<Nanos> {
+        self.timer
+    }
+
+    /// Queue a request.
+    pub fn push(&mut self, now: Nanos, item: T, class: Class, bytes: u64) {
+        self.waiting.push_back(Waiting {
+            item,
+            class,
+            bytes,
+            since: now,
+            paid: false,
+        });
+        let s = &self.shared.stats;
+        let q = s.queued.fetch_add(1, Ordering::Relaxed) + 1;
+        s.queued_max.fetch_max(q, Ordering::Relaxed);
+    }
+
+    /// The next request allowed to go now, if any. Call until `None`
+    /// after a push, a completion and a timer.
+    pub fn poll_admit(&mut self, now: Nanos) -> Option<(T, Ticket)> {
+        self.timer = None;
+        let version = self.shared.version.load(Ordering::Acquire);
+        if version != self.version {
+            self.version = version;
+            self.gate
+                .set_mode(mode_from_code(self.shared.mode.load(Ordering::Acquire)));
+        }
+        let head = self.waiting.front_mut()?;
+        let s = &self.shared.stats;
+        let kind = match head.class {
+            Class::Read => Some(IoKind::Read),
+            Class::Write => Some(IoKind::Write),
+            Class::Other => None,
+        };
+        if !head.paid {
+            if let Some(kind) = kind.filter(|_| self.shared.limited.load(Ordering::Acquire)) {
+                let r = self
+                    .shared
+                    .limiter
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .try_acquire(now, kind, head.bytes);
+                if let Err(at) = r {
+                    self.timer = Some(at);
+                    s.limiter_delays.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            }
+            head.paid = true;
+        }
+        let (window, source) = self.gate.window();
+        let share = self.share(window);
+        let in_flight = self.gate.in_flight();
+        if in_flight > 0 && in_flight >= share {
+            if !self.credit_blocked {
+                self.credit_blocked = true;
+                s.credit_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        }
+        self.credit_blocked = false;
+        if !self.gate.try_acquire() {
+            // Unreachable: share <= window. Keep the request rather than
+            // exceed the window.
+            return None;
+        }
+        let w = self.waiting.pop_front()?;
+        let after = u64::from(self.gate.in_flight());
+        if after > u64::from(share.max(1)) {
+            s.over_credit.fetch_add(1, Ordering::Relaxed);
+        }
+        s.queued.fetch_sub(1, Ordering::Relaxed);
+        s.in_flight.fetch_add(1, Ordering::Relaxed);
+        s.in_flight_max.fetch_max(after, Ordering::Relaxed);
+        s.admitted.fetch_add(1, Ordering::Relaxed);
+        let waited = now.nanos_since(w.since);
+        if waited > 0 {
+            s.waited.fetch_add(1, Ordering::Relaxed);
+            s.wait_ns_total.fetch_add(waited, Ordering::Relaxed);
+            s.wait_ns_max.fetch_max(waited, Ordering::Relaxed);
+        }
+        s.window.store(window, Ordering::Relaxed);
+        s.source.store(source_code(source), Ordering::Relaxed);
+        Some((
+            w.item,
+            Ticket {
+                sent_at: now,
+                kind: kind.unwrap_or(IoKind::Write),
+                bytes: if kind.is_some() { w.bytes } else { 0 },
+            },
+        ))
+    }
+
+    /// An admitted request finished: with its completion's dword 1, or
+    /// `None` when it failed without one (never sent, connection lost and
+    /// given up).
+    pub fn on_done(&mut self, now: Nanos, ticket: Ticket, dw1: Option<u32>) {
+        let s = &self.shared.stats;
+        s.in_flight.fetch_sub(1, Ordering::Relaxed);
+        match dw1 {
+            Some(dw1) => {
+                self.gate.on_completion(
+                    now,
+                    ticket.kind,
+                    ticket.bytes,
+                    now.nanos_since(ticket.sent_at),
+                    Some(dw1),
+                );
+                if let Some(c) = qos_core::credit::decode_credit_dw1(dw1) {
+                    s.last_credit.store(c, Ordering::Relaxed);
+                    s.credit_seen.store(true, Ordering::Relaxed);
+                }
+            }
+            None => self.gate.cancel(),
+        }
+        let (window, source) = self.gate.window();
+        s.window.store(window, Ordering::Relaxed);
+        s.source.store(source_code(source), Ordering::Relaxed);
+    }
+}
+
+impl<T> Drop for QueueQos<T> {
+    fn drop(&mut self) {
+        let s = &self.shared.stats;
+        s.queued
+            .fetch_sub(self.waiting.len() as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qos_core::credit::encode_credit_dw1;
+
+    fn stage(cfg: QosConfig, queues: u16, qid: u16) -> QueueQos<u32> {
+        QueueQos::new(Arc::new(VolumeQos::new(&cfg, queues)), qid)
+    }
+
+    fn drain(q: &mut QueueQos<u32>, now: Nanos) -> Vec<(u32, Ticket)> {
+        std::iter::from_fn(|| q.poll_admit(now)).collect()
+    }
+
+    #[test]
+    fn credits_bound_in_flight_and_completions_release_in_order() {
+        let cfg = QosConfig {
+            credits: CreditMode::Target,
+            ..QosConfig::new()
+        };
+        let mut q = stage(cfg, 1, 0);
+        let now = Nanos(1_000);
+        for i in 0..20 {
+            q.push(now, i, Class::Read, 4096);
+        }
+        // Initial window (8) until the target reports.
+        let first = drain(&mut q, now);
+        assert_eq!(
+            first.iter().map(|x| x.0).collect::<Vec<_>>(),
+            (0..8).collect::<Vec<_>>()
+        );
+        // The target grants 2: nothing goes until in flight < 2.
+        let mut tickets: VecDeque<Ticket> = first.into_iter().map(|x| x.1).collect();
+        q.on_done(
+            Nanos(2_000),
+            tickets.pop_front().unwrap(),
+            Some(encode_credit_dw1(2)),
+        );
+        assert!(q.poll_admit(Nanos(2_000)).is_none());
+        while q.in_flight() > 1 {
+            q.on_done(
+                Nanos(3_000),
+                tickets.pop_front().unwrap(),
+                Some(encode_credit_dw1(2)),
+            );
+        }
+        let next = drain(&mut q, Nanos(3_000));
+        assert_eq!(next.iter().map(|x| x.0).collect::<Vec<_>>(), vec![8]);
+        let snap = q.shared().snapshot();
+        assert_eq!(snap.over_credit, 0);
+        assert_eq!(snap.window_source, "target");
+        assert_eq!(snap.target_credit, Some(2));
+        assert_eq!(snap.queued, 11);
+        assert_eq!(snap.in_flight, 2);
+    }
+
+    #[test]
+    fn zero_credit_still_lets_one_request_through() {
+        let cfg = QosConfig {
+            credits: CreditMode::Target,
+            ..QosConfig::new()
+        };
+        let mut q = stage(cfg, 1, 0);
+        q.push(Nanos(0), 1, Class::Write, 4096);
+        let (_, t) = q.poll_admit(Nanos(0)).unwrap();
+        q.on_done(Nanos(10), t, Some(encode_credit_dw1(0)));
+        q.push(Nanos(10), 2, Class::Write, 4096);
+        q.push(Nanos(10), 3, Class::Write, 4096);
+        let (i, t) = q.poll_admit(Nanos(10)).unwrap();
+        assert_eq!(i, 2);
+        assert!(q.poll_admit(Nanos(10)).is_none());
+        q.on_done(Nanos(20), t, Some(encode_credit_dw1(0)));
+        assert_eq!(q.poll_admit(Nanos(20)).unwrap().0, 3);
+    }
+
+    #[test]
+    fn shares_of_a_credit_add_up_to_it() {
+        let shared = Arc::new(VolumeQos::new(&QosConfig::new(), 3));
+        let qs: Vec<QueueQos<u32>> = (0..3)
+            .map(|i| QueueQos::new(Arc::clone(&shared), i))
+            .collect();
+        for w in [0u32, 1, 2, 3, 7, 64, 1000] {
+            assert_eq!(qs.iter().map(|q| q.share(w)).sum::<u32>(), w);
+        }
+        assert_eq!(qs[0].share(u32::MAX), u32::MAX);
+    }
+
+    #[test]
+    fn nvmet_completions_switch_auto_to_estimate() {
+        let mut q = stage(QosConfig::new(), 1, 0);
+        for i in 0..100u64 {
+            q.push(Nanos(i * 1000), i as u32, Class::Read, 4096);
+            let (_, t) = q.poll_admit(Nanos(i * 1000)).unwrap();
+            q.on_done(Nanos(i * 1000 + 500), t, Some(0));
+        }
+        let s = q.shared().snapshot();
+        assert_eq!(
+            (s.credits_mode.as_str(), s.window_source.as_str()),
+            ("auto", "estimate")
+        );
+        assert!(s.target_credit.is_none());
+    }
+
+    #[test]
+    fn limiter_paces_with_a_timer_and_never_spins() {
+        let cfg = QosConfig {
+            credits: CreditMode::Off,
+            limits: RateLimits {
+                read_iops: 1000,
+                read_iops_burst: 1,
+                ..RateLimits::default()
+            },
+            ..QosConfig::new()
+        };
+        let mut q = stage(cfg, 1, 0);
+        for i in 0..10 {
+            q.push(Nanos(0), i, Class::Read, 4096);
+        }
+        // Flushes queued behind are not overtaking reads.
+        q.push(Nanos(0), 99, Class::Other, 0);
+        let mut now = Nanos(0);
+        let mut got = Vec::new();
+        let mut wakeups = 0;
+        while got.len() < 11 {
+            while let Some((i, t)) = q.poll_admit(now) {
+                got.push((i, now));
+                q.on_done(now, t, Some(0));
+            }
+            if let Some(t) = q.timer() {
+                assert!(t > now, "a timer in the past would spin");
+                now = t;
+                wakeups += 1;
+            }
+            assert!(wakeups < 100);
+        }
+        assert_eq!(got.last().unwrap().0, 99);
+        // 10 reads at 1000/s, burst 1: the 10th at 9 ms.
+        assert_eq!(got[9].1, Nanos::from_millis(9));
+        assert_eq!(q.shared().snapshot().limiter_delays, 9);
+    }
+
+    #[test]
+    fn rate_change_at_run_time_keeps_queued_requests() {
+        let cfg = QosConfig {
+            credits: CreditMode::Off,
+            limits: RateLimits {
+                read_iops: 10,
+                read_iops_burst: 1,
+                ..RateLimits::default()
+            },
+            ..QosConfig::new()
+        };
+        let mut q = stage(cfg, 1, 0);
+        for i in 0..5 {
+            q.push(Nanos(0), i, Class::Read, 4096);
+        }
+        assert_eq!(drain(&mut q, Nanos(0)).len(), 1);
+        assert_eq!(q.timer(), Some(Nanos::from_millis(100)));
+        let new = apply_settings(&q.shared().settings(), &["riops=0"]).unwrap();
+        q.shared().apply(Nanos(1), &new);
+        assert_eq!(drain(&mut q, Nanos(1)).len(), 4);
+        assert!(q.timer().is_none());
+        assert_eq!(q.shared().snapshot().riops, 0);
+    }
+
+    #[test]
+    fn mode_change_applies_to_running_queues() {
+        let mut q = stage(QosConfig::new(), 1, 0);
+        let off = apply_settings(&q.shared().settings(), &["credits=off"]).unwrap();
+        q.shared().apply(Nanos(0), &off);
+        for i in 0..2000 {
+            q.push(Nanos(0), i, Class::Read, 4096);
+        }
+        assert_eq!(drain(&mut q, Nanos(0)).len(), 2000);
+        assert_eq!(q.shared().snapshot().window_source, "unlimited");
+    }
+
+    #[test]
+    fn settings_parse_like_io_max() {
+        let c = apply_settings(
+            &QosConfig::new(),
+            &[
+                "riops=2000",
+                "wbps=10m",
+                "rbps=max",
+                "riops_burst=50",
+                "credits=estimate",
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.limits.read_iops, 2000);
+        assert_eq!(c.limits.write_bps, 10 << 20);
+        assert_eq!(c.limits.read_bps, 0);
+        assert_eq!(c.limits.read_iops_burst, 50);
+        assert_eq!(c.credits, CreditMode::Estimate);
+        for bad in [
+            "riops",
+            "riops=x",
+            "iops=5",
+            "credits=some",
+            "riops=99999999999999g",
+        ] {
+            assert!(apply_settings(&QosConfig::new(), &[bad]).is_err(), "{bad}");
+        }
+        assert!(apply_settings(&QosConfig::new(), &[]).is_err());
+    }
+}
