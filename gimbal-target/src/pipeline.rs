@@ -263,6 +263,10 @@ struct GimbalState {
     /// The latest time handed to the switch: its clock must not go back,
     /// and threads read the clock before they get the lock.
     last_now: Nanos,
+    /// When the pacing timer will next poll (`None`: only its idle tick),
+    /// as it last computed it; a submission wakes it only to make that
+    /// earlier.
+    timer_due: Option<Nanos>,
 }
 
 impl GimbalState {
@@ -325,6 +329,7 @@ impl GimbalStage {
                 switch,
                 tenants: BTreeSet::new(),
                 last_now: Nanos(0),
+                timer_due: None,
             }),
             epoch: Instant::now(),
             mode,
@@ -391,30 +396,45 @@ impl GimbalStage {
             log::error!("gimbal switch refused a request: {e}");
             return;
         }
-        if !self.dispatch_from(st, now) {
+        self.dispatch_from(st, now);
+    }
+
+    /// After a poll at `now` that dispatched nothing: wakes the pacing
+    /// timer if the switch could dispatch before the timer would poll.
+    fn wake_timer_if_needed(&self, st: &mut GimbalState, now: Nanos) {
+        // `poll_dispatch` just ran at `now`: this refills nothing and finds
+        // the same head request, so it changes no decision.
+        let due = st.switch.next_wakeup(now);
+        let earlier = match (due, st.timer_due) {
+            (Some(due), Some(armed)) => due < armed,
+            (Some(_), None) => true,
+            // Every queued tenant waits for a slot: a completion frees it.
+            (None, _) => false,
+        };
+        if earlier {
+            st.timer_due = due;
             self.wake.notify_one();
         }
     }
 
     /// Dispatches what the switch releases at `now` (read under `st`) and
-    /// runs it; whether anything went.
-    fn dispatch_from(self: &Arc<Self>, mut st: MutexGuard<'_, GimbalState>, now: Nanos) -> bool {
+    /// runs it; wakes the pacing timer if nothing went and it must.
+    fn dispatch_from(self: &Arc<Self>, mut st: MutexGuard<'_, GimbalState>, now: Nanos) {
         if self.mode == Mode::Inline {
-            let first = st.switch.poll_dispatch(now);
-            drop(st);
-            match first {
+            match st.switch.poll_dispatch(now) {
                 Some(d) => {
+                    drop(st);
                     self.pump_inline(d.id, d.payload);
-                    true
                 }
-                None => false,
+                None => self.wake_timer_if_needed(&mut st, now),
             }
         } else {
             let ready = Self::drain(&mut st, now);
+            if ready.is_empty() {
+                self.wake_timer_if_needed(&mut st, now);
+            }
             drop(st);
-            let any = !ready.is_empty();
             self.run(ready);
-            any
         }
     }
 
@@ -522,7 +542,9 @@ async fn pacing_timer(g: Arc<GimbalStage>) {
         let (now, next) = {
             let mut st = g.lock();
             let now = g.now_locked(&mut st);
-            (now, st.switch.next_wakeup(now))
+            let next = st.switch.next_wakeup(now);
+            st.timer_due = next;
+            (now, next)
         };
         // Nothing held back: only a submission can change that, and it
         // notifies; the periodic tick is a safety net.
@@ -536,6 +558,8 @@ async fn pacing_timer(g: Arc<GimbalStage>) {
         }
         let mut st = g.lock();
         let now = g.now_locked(&mut st);
+        // Awake: it recomputes its due time before it sleeps again.
+        st.timer_due = Some(now);
         g.dispatch_from(st, now);
     }
 }
