@@ -115,6 +115,8 @@ struct RawQos {
     wiops_burst: Option<Spanned<i64>>,
     rbps_burst: Option<Spanned<i64>>,
     wbps_burst: Option<Spanned<i64>>,
+    estimate_latency_min_us: Option<Spanned<i64>>,
+    estimate_latency_max_us: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -357,6 +359,29 @@ fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
     l.write_iops_burst = n(&q.wiops_burst, "qos.wiops_burst")?;
     l.read_bps_burst = n(&q.rbps_burst, "qos.rbps_burst")?;
     l.write_bps_burst = n(&q.wbps_burst, "qos.wbps_burst")?;
+    let us = |v: &Option<Spanned<i64>>, f: &str, d: u64| {
+        cx.int(v, f, d as i64, 1..=10_000_000).map(|x| x as u64)
+    };
+    c.estimate_latency_min_us = us(
+        &q.estimate_latency_min_us,
+        "qos.estimate_latency_min_us",
+        c.estimate_latency_min_us,
+    )?;
+    c.estimate_latency_max_us = us(
+        &q.estimate_latency_max_us,
+        "qos.estimate_latency_max_us",
+        c.estimate_latency_max_us,
+    )?;
+    if let Err(e) = c.validate() {
+        let at = q
+            .estimate_latency_max_us
+            .as_ref()
+            .or(q.estimate_latency_min_us.as_ref());
+        return Err(match at {
+            Some(s) => cx.err(s, "qos.estimate_latency_max_us", e),
+            None => ConfigError::whole_file(cx.file, e),
+        });
+    }
     Ok(c)
 }
 

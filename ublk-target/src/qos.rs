@@ -55,6 +55,12 @@ pub struct QosConfig {
     pub max_window: u32,
     /// Rate limits (0 = unlimited).
     pub limits: RateLimits,
+    /// Latency thresholds of the estimator (µs; the paper's SSD values by
+    /// default): client-observed latency includes the network and the
+    /// target's own queues, so a slow path needs higher ones.
+    pub estimate_latency_min_us: u64,
+    /// Upper threshold (µs).
+    pub estimate_latency_max_us: u64,
 }
 
 impl QosConfig {
@@ -66,16 +72,26 @@ impl QosConfig {
             initial_window: g.initial_window,
             max_window: g.max_window,
             limits: RateLimits::default(),
+            estimate_latency_min_us: g.estimator.latency_threshold_min_us,
+            estimate_latency_max_us: g.estimator.latency_threshold_max_us,
         }
     }
 
     fn gate_config(&self) -> CreditGateConfig {
-        CreditGateConfig {
+        let mut c = CreditGateConfig {
             mode: self.credits,
             initial_window: self.initial_window,
             max_window: self.max_window,
             ..CreditGateConfig::default()
-        }
+        };
+        c.estimator.latency_threshold_min_us = self.estimate_latency_min_us;
+        c.estimator.latency_threshold_max_us = self.estimate_latency_max_us;
+        c
+    }
+
+    /// Check what `qos-core` would refuse, as a message.
+    pub fn validate(&self) -> Result<(), String> {
+        self.gate_config().validate().map_err(|e| e.to_string())
     }
 }
 
