@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use qos_core::config::GimbalConfig;
@@ -26,7 +26,6 @@ use qos_core::error::QosError;
 use qos_core::switch::{GimbalSwitch, VirtualView};
 use qos_core::time::Nanos;
 use qos_core::types::{IoKind, RequestId, TenantId};
-use tokio::sync::Notify;
 
 use crate::backend::{Backend, UringDone, UringOp};
 
@@ -283,9 +282,9 @@ impl GimbalState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     /// Runs inline and never blocks (`ram`, `null`): each request is
-    /// dispatched, executed and completed in turn on the calling thread,
-    /// so that the switch's dispatch and completion times enclose the
-    /// backend call and nothing else.
+    /// dispatched, executed and completed in turn on the calling thread
+    /// under the lock, so that the switch's dispatch and completion times
+    /// enclose the backend call and nothing else.
     Inline,
     /// Books a latency model and completes on a timer (`sim`).
     Untimed,
@@ -296,8 +295,8 @@ enum Mode {
 /// The Gimbal switch of one device and the driver that pumps it: requests
 /// go in on submit, leave when the switch dispatches them (at once, on a
 /// completion, or when the pacing timer fires), and their completions feed
-/// the switch back. The lock is never held while a backend runs, nor while
-/// a completion callback runs.
+/// the switch back. The lock is never held while a completion callback
+/// runs, nor while a backend that is not inline runs.
 struct GimbalStage {
     backend: Arc<dyn Backend>,
     state: Mutex<GimbalState>,
@@ -305,10 +304,10 @@ struct GimbalStage {
     /// The backend's `time_scale` (device time per real time), constant.
     time_scale: f64,
     mode: Mode,
-    /// Wakes the pacing timer when the earliest dispatch time may have
-    /// moved (new work arrived while tokens were short).
-    wake: Notify,
-    timer_started: Once,
+    /// The pacing thread, started by the first submission; unparked when
+    /// the earliest dispatch time moves earlier (new work arrived while
+    /// tokens were short).
+    pacer: OnceLock<std::thread::Thread>,
 }
 
 type Ready = Vec<(RequestId, Queued)>;
@@ -333,8 +332,7 @@ impl GimbalStage {
             }),
             epoch: Instant::now(),
             mode,
-            wake: Notify::new(),
-            timer_started: Once::new(),
+            pacer: OnceLock::new(),
         }
     }
 
@@ -372,9 +370,9 @@ impl GimbalStage {
     }
 
     fn submit(self: &Arc<Self>, tenant: u32, op: IoOp, done: Completion) {
-        self.timer_started.call_once(|| {
-            tokio::spawn(pacing_timer(self.clone()));
-        });
+        if self.pacer.get().is_none() {
+            self.start_pacer();
+        }
         let kind = if op.is_write() {
             IoKind::Write
         } else {
@@ -413,21 +411,17 @@ impl GimbalStage {
         };
         if earlier {
             st.timer_due = due;
-            self.wake.notify_one();
+            if let Some(pacer) = self.pacer.get() {
+                pacer.unpark();
+            }
         }
     }
 
     /// Dispatches what the switch releases at `now` (read under `st`) and
     /// runs it; wakes the pacing timer if nothing went and it must.
-    fn dispatch_from(self: &Arc<Self>, mut st: MutexGuard<'_, GimbalState>, now: Nanos) {
+    fn dispatch_from<'a>(self: &'a Arc<Self>, mut st: MutexGuard<'a, GimbalState>, now: Nanos) {
         if self.mode == Mode::Inline {
-            match st.switch.poll_dispatch(now) {
-                Some(d) => {
-                    drop(st);
-                    self.pump_inline(d.id, d.payload);
-                }
-                None => self.wake_timer_if_needed(&mut st, now),
-            }
+            self.pump_inline(st, now);
         } else {
             let ready = Self::drain(&mut st, now);
             if ready.is_empty() {
@@ -438,33 +432,25 @@ impl GimbalStage {
         }
     }
 
-    /// Runs dispatched requests on an inline backend one at a time: execute,
-    /// read the clock, complete it and dispatch the next under one lock,
-    /// then hand the previous request's completion to its connection while
-    /// the next one runs. One lock acquisition per request.
-    fn pump_inline(self: &Arc<Self>, mut id: RequestId, mut q: Queued) {
-        let mut finished: Option<(Completion, IoDone)> = None;
+    /// Runs requests on an inline backend one at a time while the switch
+    /// releases them: dispatch, execute and complete under one hold of the
+    /// lock, then the completion callback without it. Nothing but the
+    /// backend call (no unlock, no wake-up, no callback) lies between the
+    /// dispatch and completion times the switch sees, so the host's
+    /// scheduling rarely passes for device latency.
+    fn pump_inline<'a>(self: &'a Arc<Self>, mut st: MutexGuard<'a, GimbalState>, mut now: Nanos) {
         loop {
-            let result = execute(self.backend.as_ref(), q.op);
-            let completed_at = self.now();
-            if let Some((done, outcome)) = finished.take() {
-                done(outcome);
-            }
-            let next = {
-                let mut st = self.lock();
-                let completed_at = st.monotonic(completed_at);
-                let credit = Self::complete_locked(&mut st, completed_at, id);
-                finished = Some((q.done, IoDone { result, credit }));
-                let now = self.now_locked(&mut st);
-                st.switch.poll_dispatch(now)
+            let Some(d) = st.switch.poll_dispatch(now) else {
+                self.wake_timer_if_needed(&mut st, now);
+                return;
             };
-            match next {
-                Some(d) => (id, q) = (d.id, d.payload),
-                None => break,
-            }
-        }
-        if let Some((done, outcome)) = finished {
-            done(outcome);
+            let result = execute(self.backend.as_ref(), d.payload.op);
+            let completed_at = self.now_locked(&mut st);
+            let credit = Self::complete_locked(&mut st, completed_at, d.id);
+            drop(st);
+            (d.payload.done)(IoDone { result, credit });
+            st = self.lock();
+            now = self.now_locked(&mut st);
         }
     }
 
@@ -472,9 +458,7 @@ impl GimbalStage {
     /// inline completions feed the worklist instead of recursing.
     fn run(self: &Arc<Self>, mut ready: Ready) {
         while let Some((id, q)) = ready.pop() {
-            if self.mode == Mode::Inline {
-                self.pump_inline(id, q);
-            } else if let Some(store) = self.backend.untimed() {
+            if let Some(store) = self.backend.untimed() {
                 // Booked at once, on the dispatching thread: the model sees
                 // the switch's dispatch time, and the completion fires at
                 // the modelled instant (give or take the timer's tick).
@@ -535,27 +519,53 @@ impl GimbalStage {
     }
 }
 
-/// Dispatches what the token buckets held back, when they allow it. Runs
-/// for the life of the runtime (pipelines live as long as the target).
-async fn pacing_timer(g: Arc<GimbalStage>) {
+/// The pacing thread's poll when nothing is held back: only a submission
+/// can change that, and it unparks the thread; this is a safety net, and
+/// how soon the thread notices that its pipeline is gone.
+const PACER_IDLE_TICK: Duration = Duration::from_millis(100);
+
+/// The shortest pacing sleep (real time).
+const PACER_MIN_SLEEP: Duration = Duration::from_micros(20);
+
+impl GimbalStage {
+    /// Starts the pacing thread (once). It runs the runtime context of the
+    /// caller, so that requests it dispatches may spawn tasks (`sim`
+    /// timers, the blocking pool).
+    fn start_pacer(self: &Arc<Self>) {
+        self.pacer.get_or_init(|| {
+            let weak = Arc::downgrade(self);
+            let rt = tokio::runtime::Handle::try_current().ok();
+            std::thread::Builder::new()
+                .name("gimbal-target-pacer".into())
+                .spawn(move || pacer(weak, rt))
+                .expect("spawn the gimbal pacing thread")
+                .thread()
+                .clone()
+        });
+    }
+}
+
+/// Dispatches what the token buckets held back, when they allow it, until
+/// the pipeline is dropped. A thread of its own rather than a runtime
+/// timer: tokio's timer ticks in milliseconds, and a switch pacing 4 KiB
+/// requests at GB/s must release them every few microseconds, or it runs
+/// far below the rate it set (with a bucket of 64 requests, one tick per
+/// millisecond caps it at 64 k IOPS).
+fn pacer(weak: Weak<GimbalStage>, rt: Option<tokio::runtime::Handle>) {
+    let _context = rt.as_ref().map(tokio::runtime::Handle::enter);
     loop {
-        let (now, next) = {
+        let wait = {
+            let Some(g) = weak.upgrade() else { return };
             let mut st = g.lock();
             let now = g.now_locked(&mut st);
             let next = st.switch.next_wakeup(now);
             st.timer_due = next;
-            (now, next)
+            next.map_or(PACER_IDLE_TICK, |t| {
+                g.real_duration(t.nanos_since(now)).max(PACER_MIN_SLEEP)
+            })
         };
-        // Nothing held back: only a submission can change that, and it
-        // notifies; the periodic tick is a safety net.
-        let wait = next.map_or(Duration::from_millis(100), |t| {
-            g.real_duration(t.nanos_since(now))
-                .max(Duration::from_micros(20))
-        });
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = g.wake.notified() => {}
-        }
+        std::thread::park_timeout(wait);
+        let Some(g) = weak.upgrade() else { return };
         let mut st = g.lock();
         let now = g.now_locked(&mut st);
         // Awake: it recomputes its due time before it sleeps again.
