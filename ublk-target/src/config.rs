@@ -19,10 +19,13 @@
 //! ctrl_loss_tmo = 600     # seconds, -1: forever
 //! fast_io_fail_tmo = -1   # seconds, -1: never
 //! keep_alive_tmo = 5      # seconds
+//! [qos]                   # see crate::qos
+//! credits = "auto"        # auto | target | estimate | off
+//! riops = 2000            # io.max names: riops wiops rbps wbps, *_burst
 //! ```
 //!
-//! Unknown keys are errors (a typo must not silently do nothing); sections
-//! for QoS (`[qos]`, `[[replica]]`) are added here as they are built.
+//! Unknown keys are errors (a typo must not silently do nothing);
+//! `[[replica]]` is added here when replicated volumes are built.
 //! Every error names the file, the line and the field
 //! ([`gimbal_target::config_error::ConfigError`]).
 
