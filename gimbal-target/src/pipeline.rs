@@ -447,8 +447,14 @@ impl GimbalStage {
             let result = execute(self.backend.as_ref(), d.payload.op);
             let completed_at = self.now_locked(&mut st);
             let credit = Self::complete_locked(&mut st, completed_at, d.id);
+            // Nothing queued: nothing to dispatch (and no timer to arm) until
+            // a submission, which polls itself.
+            let more = st.switch.scheduler().queued_len() > 0;
             drop(st);
             (d.payload.done)(IoDone { result, credit });
+            if !more {
+                return;
+            }
             st = self.lock();
             now = self.now_locked(&mut st);
         }
