@@ -12,11 +12,13 @@
 #     `ublk-nvmf set` doubles it at run time (no restart, no I/O error) and
 #     it is measured again within 5%. The numbers (2000 -> 4000)
 #     assume the guest can exceed 4000 IOPS; under TCG it usually cannot,
-#     so the scenario measures the unlimited rate first and uses 2000/4000
-#     only when the device does > 4400 IOPS, else 500/1000 (or 200/400
-#     below 1100). These are functional checks of the limiter, not speed
+#     (it does 900-2000 IOPS for this job, varying 2x between runs), so the
+#     scenario measures the unlimited rate first and uses 2000/4000 only
+#     above 8000 IOPS, else 500/1000 above 4000, 200/400 above 1600, else
+#     100/200. These are functional checks of the limiter, not speed
 #     claims: fio must not exceed the limit by more than 5% and must come
-#     within 5% below it when the device is faster than the limit.
+#     within 5% below it when the device is faster than the limit (checked
+#     by an unlimited measurement right after when it does not).
 . /vm/lib.sh
 . /vm/nvmet.sh
 . /vm/gimbal.sh
@@ -60,6 +62,19 @@ fio_iops() {
 
 # within5 MEASURED LIMIT: |measured - limit| <= 5% of limit.
 within5() { awk -v m="$1" -v l="$2" 'BEGIN { d = m - l; if (d < 0) d = -d; exit !(d <= l * 0.05) }'; }
+# rate_ok VOL MEASURED LIMIT: within 5%; or not above the limit + 5% and the
+# device, measured unlimited right after, is itself not faster than the
+# limit + 10% (then the limiter is not what held it back).
+rate_ok() {
+    within5 "$2" "$3" && return 0
+    awk -v m="$2" -v l="$3" 'BEGIN { exit !(m <= l * 1.05) }' || return 1
+    _old=$(ublk-nvmf status "$1" --json | jnum riops)
+    ublk-nvmf set "$1" riops=0 >/dev/null
+    _free=$(fio_iops /dev/ublkb0 5 32)
+    ublk-nvmf set "$1" riops="$_old" >/dev/null
+    log "rate_ok: $2 of $3; the device does $_free unlimited right now"
+    awk -v f="$_free" -v l="$3" 'BEGIN { exit !(f <= l * 1.1) }'
+}
 
 # --- (a) credits from a gimbal switch ---------------------------------------
 # target_view: the target's per-second view of our tenant since log line $1
@@ -142,13 +157,16 @@ printf '[qos]\ncredits = "off"\n' >>/tmp/qc.toml
 check_output "(c) add a volume (plain ram namespace)" "^/dev/ublkb0$" ublk-nvmf add --config /tmp/qc.toml
 free=$(fio_iops /dev/ublkb0 5 32)
 log "(c) unlimited: $free IOPS"
-if [ "${free:-0}" -gt 4400 ]; then L1=2000; elif [ "${free:-0}" -gt 1100 ]; then L1=500; else L1=200; fi
+# TCG's rate swings by up to 2x between runs (888 and 1919 IOPS seen for
+# this job), so the doubled limit is kept at a quarter of what was measured.
+if [ "${free:-0}" -gt 8000 ]; then L1=2000; elif [ "${free:-0}" -gt 4000 ]; then L1=500
+elif [ "${free:-0}" -gt 1600 ]; then L1=200; else L1=100; fi
 L2=$((L1 * 2))
 log "(c) limits: riops=$L1, then $L2"
 check_output "(c) set riops=$L1" "riops=$L1 " ublk-nvmf set qc riops=$L1
 m1=$(fio_iops /dev/ublkb0 20 32)
 log "RATE riops=$L1 measured=$m1"
-check "(c) riops=$L1: measured $m1 within 5%" within5 "$m1" $L1
+check "(c) riops=$L1: measured $m1 within 5%" rate_ok qc "$m1" $L1
 # Change while I/O runs: nothing lost, no error.
 fio --name=during --filename=/dev/ublkb0 --ioengine=libaio --direct=1 --rw=randread --bs=4k \
     --iodepth=32 --runtime=6 --time_based --size=64M >"$LOGDIR/fio-during.log" 2>&1 &
@@ -158,7 +176,7 @@ check_output "(c) set riops=$L2 while fio runs" "riops=$L2 " ublk-nvmf set qc ri
 check "(c) fio across the change: no error" wait $fpid
 m2=$(fio_iops /dev/ublkb0 20 32)
 log "RATE riops=$L2 measured=$m2"
-check "(c) riops=$L2: measured $m2 within 5%" within5 "$m2" $L2
+check "(c) riops=$L2: measured $m2 within 5%" rate_ok qc "$m2" $L2
 check_fails "(c) set rejects an unknown key" ublk-nvmf set qc iops=5
 # Reload from the file: riops=0 (unlimited) there.
 echo 'riops = 0' >>/tmp/qc.toml
