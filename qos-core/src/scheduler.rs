@@ -197,6 +197,8 @@ struct InFlight {
     slot_seq: u64,
     kind: IoKind,
     bytes: u64,
+    /// The dispatch time the switch gave (zero through `dispatch`).
+    dispatched_at: Nanos,
 }
 
 /// Deficit round robin over tenants with virtual slots (Algorithm 2).
@@ -561,13 +563,19 @@ impl<T> VirtualSlotScheduler<T> {
     /// records it as in flight.
     pub fn dispatch(&mut self, write_cost: f64) -> Option<Dispatched<T>> {
         let candidate = self.next_candidate(write_cost)?;
-        Some(self.dispatch_candidate(candidate))
+        Some(self.dispatch_candidate(candidate, Nanos(0)))
     }
 
     /// [`dispatch`](Self::dispatch) of a `candidate` that
     /// [`next_candidate`](Self::next_candidate) just returned, with no call
-    /// in between: the same outcome without choosing it again.
-    pub(crate) fn dispatch_candidate(&mut self, candidate: Candidate) -> Dispatched<T> {
+    /// in between: the same outcome without choosing it again. Keeps
+    /// `dispatched_at` with the in-flight request for
+    /// [`complete_dispatched`](Self::complete_dispatched).
+    pub(crate) fn dispatch_candidate(
+        &mut self,
+        candidate: Candidate,
+        dispatched_at: Nanos,
+    ) -> Dispatched<T> {
         let allotted = self.allotted_slots();
         let slot_size = self.slot_size_bytes;
         let state = self
@@ -618,6 +626,7 @@ impl<T> VirtualSlotScheduler<T> {
                 slot_seq,
                 kind: request.kind,
                 bytes: request.bytes,
+                dispatched_at,
             },
         );
         Dispatched {
@@ -634,6 +643,12 @@ impl<T> VirtualSlotScheduler<T> {
     /// Records the completion of a dispatched request (Algorithm 2
     /// `SCHED_COMPLETE`): frees its slot when that was the slot's last I/O.
     pub fn complete(&mut self, id: RequestId) -> Result<CompletedIo> {
+        self.complete_dispatched(id).map(|(done, _)| done)
+    }
+
+    /// [`complete`](Self::complete), also returning the dispatch time given
+    /// to [`dispatch_candidate`](Self::dispatch_candidate).
+    pub(crate) fn complete_dispatched(&mut self, id: RequestId) -> Result<(CompletedIo, Nanos)> {
         let io = self
             .in_flight
             .remove(&id)
@@ -667,12 +682,15 @@ impl<T> VirtualSlotScheduler<T> {
                 self.active.push_back(io.tenant);
             }
         }
-        Ok(CompletedIo {
-            tenant: io.tenant,
-            kind: io.kind,
-            bytes: io.bytes,
-            slot_completed,
-        })
+        Ok((
+            CompletedIo {
+                tenant: io.tenant,
+                kind: io.kind,
+                bytes: io.bytes,
+                slot_completed,
+            },
+            io.dispatched_at,
+        ))
     }
 
     /// Checks internal invariants; for tests and debug builds.

@@ -24,11 +24,11 @@ use serde::Serialize;
 
 use crate::config::GimbalConfig;
 use crate::congestion::{CongestionControl, CongestionState};
-use crate::error::{QosError, Result};
+use crate::error::Result;
 use crate::scheduler::{Dispatched, VirtualSlotScheduler};
 use crate::time::Nanos;
 use crate::token_bucket::DualTokenBucket;
-use crate::types::{IoKind, RequestId, RequestMap, TenantId};
+use crate::types::{IoKind, RequestId, TenantId};
 use crate::write_cost::WriteCostEstimator;
 
 /// What the switch reports for one device completion.
@@ -111,7 +111,6 @@ pub struct GimbalSwitch<T> {
     buckets: DualTokenBucket,
     write_cost: WriteCostEstimator,
     scheduler: VirtualSlotScheduler<T>,
-    dispatched_at: RequestMap<Nanos>,
 }
 
 impl<T> GimbalSwitch<T> {
@@ -124,7 +123,6 @@ impl<T> GimbalSwitch<T> {
             buckets: DualTokenBucket::new(config.token_bucket_bytes),
             write_cost: WriteCostEstimator::new(config)?,
             scheduler: VirtualSlotScheduler::new(config)?,
-            dispatched_at: RequestMap::default(),
         })
     }
 
@@ -172,9 +170,7 @@ impl<T> GimbalSwitch<T> {
         if !self.buckets.try_consume(candidate.kind, candidate.bytes) {
             return None;
         }
-        let dispatched = self.scheduler.dispatch_candidate(candidate);
-        self.dispatched_at.insert(dispatched.id, now);
-        Some(dispatched)
+        Some(self.scheduler.dispatch_candidate(candidate, now))
     }
 
     /// When a `poll_dispatch` that returned `None` could next succeed if no
@@ -198,13 +194,11 @@ impl<T> GimbalSwitch<T> {
     /// `SCHED_COMPLETE`): updates latency monitors, target rate, write cost
     /// and the tenant's slots, and returns the tenant's new credit.
     pub fn complete(&mut self, now: Nanos, id: RequestId) -> Result<SwitchCompletion> {
-        let dispatched_at = self
-            .dispatched_at
-            .remove(&id)
-            .ok_or(QosError::UnknownRequest(id))?;
-        // Credit tokens earned at the old rate before the rate changes.
+        // Fails on an unknown id before anything changes.
+        let (done, dispatched_at) = self.scheduler.complete_dispatched(id)?;
+        // Credit tokens earned at the old rate before the rate changes
+        // (the scheduler's bookkeeping does not touch rate or write cost).
         self.refill(now);
-        let done = self.scheduler.complete(id)?;
         let latency_ns = now.nanos_since(dispatched_at);
         let feedback = self
             .congestion
@@ -303,6 +297,7 @@ impl<T> GimbalSwitch<T> {
 mod tests {
     use super::*;
     use crate::config::KIB;
+    use crate::error::QosError;
 
     const A: TenantId = TenantId(1);
 
