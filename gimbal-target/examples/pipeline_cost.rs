@@ -29,6 +29,7 @@ fn drive(pipeline: &Pipeline, n: u64) -> f64 {
         offset = (offset + 7 * 4096) % (256 << 20);
         pipeline.submit(
             0,
+            None,
             IoOp::Read { offset, len: 4096 },
             Box::new(move |done| {
                 assert!(done.result.is_ok());

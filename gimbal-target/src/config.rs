@@ -148,6 +148,12 @@ pub struct NamespaceConfig {
     /// Switch parameters when `qos = "gimbal"` (paper defaults, §4.2,
     /// overridden by a `[subsystem.namespace.gimbal]` table).
     pub gimbal: GimbalConfig,
+    /// Requests of class-arbitrating controllers (CC.AMS weighted round
+    /// robin or DRR) outstanding at the device (`qos = "none"`) or held
+    /// by the switch (`qos = "gimbal"`) at once; beyond it they wait in the
+    /// namespace's class arbiter, which is where classes and weights take
+    /// effect. `None` (the default): unlimited, nothing waits.
+    pub device_queue_depth: Option<u32>,
 }
 
 /// A namespace backend.
@@ -249,6 +255,8 @@ struct RawNamespace {
     profile: Option<Spanned<SimProfile>>,
     #[serde(default)]
     time_scale: Option<Spanned<f64>>,
+    #[serde(default)]
+    device_queue_depth: Option<Spanned<u32>>,
 }
 
 /// How a simulated SSD was preconditioned (the paper's Clean-SSD and
@@ -708,12 +716,24 @@ fn validate_namespace(
             g.into_inner()
         }
     };
+    let device_queue_depth = match rn.device_queue_depth {
+        None => None,
+        Some(d) if *d.get_ref() == 0 => {
+            return cx.err(
+                d.span(),
+                Some("device_queue_depth"),
+                "device_queue_depth must be at least 1 (leave it out for no limit)".into(),
+            )
+        }
+        Some(d) => Some(d.into_inner()),
+    };
     Ok(NamespaceConfig {
         nsid,
         backend,
         block_size,
         qos,
         gimbal,
+        device_queue_depth,
     })
 }
 
@@ -846,6 +866,17 @@ mod tests {
             "above max_ms",
         );
         expect_err("listen = [\n", 2, "", "");
+    }
+
+    #[test]
+    fn device_queue_depth_defaults_to_unlimited_and_rejects_zero() {
+        let base = "[[subsystem]]\nnqn = \"nqn.2026-01.io.t:a\"\n[[subsystem.namespace]]\nbackend = \"null\"\nsize = 4096\n";
+        let c = parse(base).unwrap();
+        assert_eq!(c.subsystems[0].namespaces[0].device_queue_depth, None);
+        let c = parse(&format!("{base}device_queue_depth = 1\n")).unwrap();
+        assert_eq!(c.subsystems[0].namespaces[0].device_queue_depth, Some(1));
+        let e = parse(&format!("{base}device_queue_depth = 0\n")).unwrap_err();
+        assert_eq!(e.field, "subsystem.namespace.device_queue_depth", "{e}");
     }
 
     #[test]

@@ -43,8 +43,9 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::controller::{clamp_kato, AdminOutcome, Controller, HostIdentity};
-use crate::pipeline::{IoDone, IoOp};
+use crate::pipeline::{ClassTag, IoDone, IoOp};
 use crate::target::{Namespace, Target};
+use qos_core::priority::NvmeClass;
 
 /// What the reader hands the writer.
 #[derive(Debug)]
@@ -213,7 +214,9 @@ enum QueueState {
     AwaitIcReq,
     AwaitConnect,
     Admin(Arc<Controller>),
-    Io(Arc<Controller>, u16),
+    /// An I/O queue: its controller, QID and priority class (Connect
+    /// CATTR bits 1:0, used when the controller arbitrates by class).
+    Io(Arc<Controller>, u16, NvmeClass),
 }
 
 struct Connection {
@@ -396,7 +399,7 @@ const H2C_DATAL_OFFSET: usize = 16;
 impl Connection {
     fn controller(&self) -> Option<&Arc<Controller>> {
         match &self.state {
-            QueueState::Admin(c) | QueueState::Io(c, _) => Some(c),
+            QueueState::Admin(c) | QueueState::Io(c, ..) => Some(c),
             _ => None,
         }
     }
@@ -586,7 +589,7 @@ impl Connection {
                     }
                 }
             }
-            QueueState::Io(ctrl, _) => {
+            QueueState::Io(ctrl, ..) => {
                 let ctrl = ctrl.clone();
                 self.handle_io(&ctrl, sqe, data)
             }
@@ -713,9 +716,25 @@ impl Connection {
                 .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
             sq.head.store(1 % c.queue_depth() as u16, Ordering::Relaxed);
             let dw0 = connect_success_dw0(ctrl.cntlid, 0);
-            self.state = QueueState::Io(ctrl, c.qid);
+            let class = NvmeClass::ALL[c.priority_class() as usize];
+            self.state = QueueState::Io(ctrl, c.qid, class);
             r.complete(sqe.cid, Status::SUCCESS, dw0, 0, Vec::new());
         }
+    }
+
+    /// The class tag of this queue's requests to `ns`: `None` (round
+    /// robin, today's path) unless the controller enabled WRR or DRR.
+    fn class_tag(&self, ctrl: &Controller, ns: &Namespace) -> Option<ClassTag> {
+        let QueueState::Io(_, qid, class) = &self.state else {
+            return None;
+        };
+        let arbiter = ctrl.arbiter_config()?;
+        Some(ClassTag {
+            arbiter,
+            class: *class,
+            queue: ClassTag::queue_id(ctrl.cntlid, *qid),
+            device_queue_depth: ns.config.device_queue_depth,
+        })
     }
 
     fn namespace(&self, ctrl: &Controller, nsid: u32) -> Option<Arc<Namespace>> {
@@ -766,6 +785,7 @@ impl Connection {
                 let cid = sqe.cid;
                 ns.pipeline.submit(
                     ctrl.tenant,
+                    self.class_tag(ctrl, &ns),
                     IoOp::Read { offset, len },
                     Box::new(move |done| r.complete_io(cid, true, done)),
                 );
@@ -819,6 +839,7 @@ impl Connection {
                 let cid = sqe.cid;
                 ns.pipeline.submit(
                     ctrl.tenant,
+                    self.class_tag(ctrl, &ns),
                     IoOp::WriteZeroes {
                         offset: wz.slba << ns.block_shift,
                         len: blocks << ns.block_shift,
@@ -1020,6 +1041,7 @@ impl Connection {
                 };
                 ns.pipeline.submit(
                     ctrl.tenant,
+                    self.class_tag(ctrl, &ns),
                     IoOp::Write {
                         offset: rw.slba << ns.block_shift,
                         data,
@@ -1056,6 +1078,7 @@ impl Connection {
                 }
                 ns.pipeline.submit(
                     ctrl.tenant,
+                    self.class_tag(ctrl, &ns),
                     IoOp::Discard {
                         ranges: byte_ranges,
                     },
@@ -1086,6 +1109,7 @@ impl Connection {
             let (r, remaining, failed) = (r.clone(), remaining.clone(), failed.clone());
             ns.pipeline.submit(
                 ctrl.tenant,
+                self.class_tag(ctrl, &ns),
                 IoOp::Flush,
                 Box::new(move |done| {
                     if let Err(e) = &done.result {
@@ -1129,7 +1153,7 @@ impl Connection {
                 ctrl.drop_pending_aers();
                 teardown(&self.target, ctrl, "admin queue closed");
             }
-            QueueState::Io(ctrl, qid) => {
+            QueueState::Io(ctrl, qid, _) => {
                 ctrl.detach_io_queue(*qid);
                 if end.is_fatal() {
                     teardown(&self.target, ctrl, "fatal error on an I/O queue");

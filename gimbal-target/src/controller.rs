@@ -7,7 +7,7 @@
 //! Connects name it.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nvmf_proto::command::{
@@ -27,6 +27,7 @@ use nvmf_proto::log_page::{
     GimbalViewPage, SmartLog, ERROR_LOG_ENTRY_LEN, SMART_LOG_LEN,
 };
 use nvmf_proto::{SglKind, Sqe, Status};
+use qos_core::class_arbiter::{ArbiterConfig, ArbitrationMode};
 use qos_core::congestion::CongestionState;
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +43,10 @@ pub const AER_LIMIT: usize = 4;
 const ERROR_LOG_ENTRIES: usize = 1;
 /// CAP.TO: how long a host waits for CSTS.RDY, in 500 ms units (7.5 s).
 const READY_TIMEOUT_500MS: u8 = 15;
+/// Bytes of DRR quantum per unit of arbitration weight (CC.AMS 111b): the
+/// low class's default weight of 1 gets 32 KiB per visit, the ionice
+/// paper's smallest quantum.
+pub const DRR_QUANTUM_UNIT_BYTES: u64 = 32 * 1024;
 /// Keep Alive Support granularity (KAS), in 100 ms units.
 const KEEP_ALIVE_GRANULARITY_100MS: u16 = 1;
 
@@ -77,6 +82,9 @@ pub struct Controller {
     pub admin_queue_size: u32,
     regs: Mutex<Registers>,
     last_activity_ms: AtomicU64,
+    /// CC.AMS in force since the last enable (read on the I/O path without
+    /// the register lock: round robin needs nothing more).
+    ams: AtomicU8,
     /// Cancelled when the controller is torn down: every queue connection
     /// of the controller closes.
     pub teardown: CancellationToken,
@@ -160,6 +168,7 @@ impl Controller {
                 pending_aers: Vec::new(),
             }),
             last_activity_ms: AtomicU64::new(now_ms),
+            ams: AtomicU8::new(arbitration_mechanism::ROUND_ROBIN),
             teardown: CancellationToken::new(),
         }
     }
@@ -232,12 +241,44 @@ impl Controller {
         (r.cc.ams, r.arbitration)
     }
 
+    /// How this controller arbitrates between its I/O queues' classes:
+    /// `None` under round robin (CC.AMS 000b, the default), else the class
+    /// arbiter's configuration from CC.AMS and the Arbitration feature.
+    ///
+    /// CC.AMS 001b is NVMe weighted round robin with urgent: a visit of a
+    /// class sends up to its weight (HPW/MPW/LPW + 1) in commands. CC.AMS
+    /// 111b is our vendor-specific mechanism: deficit round robin by bytes
+    /// with the same weights, a class's quantum being its weight times
+    /// [`DRR_QUANTUM_UNIT_BYTES`]. Both serve urgent strictly first, take
+    /// at most the arbitration burst from one queue per turn, and age
+    /// commands (qos-core's default threshold) so none starves.
+    pub fn arbiter_config(&self) -> Option<ArbiterConfig> {
+        let mode = match self.ams.load(Ordering::Relaxed) {
+            arbitration_mechanism::WEIGHTED_ROUND_ROBIN_URGENT => ArbitrationMode::Wrr,
+            arbitration_mechanism::VENDOR_SPECIFIC => ArbitrationMode::Drr,
+            _ => return None,
+        };
+        let dw = self.regs().arbitration.to_dword();
+        let mut c = ArbiterConfig {
+            mode,
+            ..ArbiterConfig::default()
+        }
+        .with_arbitration_feature(dw);
+        c.high_quantum_bytes = u64::from(c.high_weight) * DRR_QUANTUM_UNIT_BYTES;
+        c.medium_quantum_bytes = u64::from(c.medium_weight) * DRR_QUANTUM_UNIT_BYTES;
+        c.low_quantum_bytes = u64::from(c.low_weight) * DRR_QUANTUM_UNIT_BYTES;
+        Some(c)
+    }
+
     /// CAP as this target reports it.
     pub fn capabilities(target: &Target) -> Capabilities {
         Capabilities {
             mqes: target.config.limits.max_queue_size - 1,
             cqr: true,
-            ams: 0,
+            // Weighted round robin with urgent, and a vendor-specific
+            // mechanism: size-aware deficit round robin (see
+            // `arbiter_config`).
+            ams: arbitration_mechanism::CAP_WRR_URGENT | arbitration_mechanism::CAP_VENDOR_SPECIFIC,
             timeout_500ms: READY_TIMEOUT_500MS,
             dstrd: 0,
             nssrs: false,
@@ -340,11 +381,19 @@ impl Controller {
         let was_enabled = r.cc.enable;
         r.cc = cc;
         if cc.enable && !was_enabled {
-            // Only round robin (000b) is offered until class arbitration is
-            // implemented; a host asking for another mechanism gets a
-            // controller that is not ready, as the spec requires.
-            r.csts.ready = cc.ams == arbitration_mechanism::ROUND_ROBIN;
-            if !r.csts.ready {
+            // Round robin, weighted round robin with urgent and the
+            // vendor-specific DRR are offered (CAP.AMS); any other value is
+            // reserved and leaves the controller not ready.
+            let supported = matches!(
+                cc.ams,
+                arbitration_mechanism::ROUND_ROBIN
+                    | arbitration_mechanism::WEIGHTED_ROUND_ROBIN_URGENT
+                    | arbitration_mechanism::VENDOR_SPECIFIC
+            );
+            r.csts.ready = supported;
+            if supported {
+                self.ams.store(cc.ams, Ordering::Relaxed);
+            } else {
                 r.csts.fatal = true;
             }
         } else if !cc.enable && was_enabled {

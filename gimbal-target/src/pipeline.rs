@@ -21,8 +21,10 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use qos_core::class_arbiter::{ArbiterConfig, QueueId};
 use qos_core::config::GimbalConfig;
 use qos_core::error::QosError;
+use qos_core::priority::NvmeClass;
 use qos_core::switch::{GimbalSwitch, VirtualView};
 use qos_core::time::Nanos;
 use qos_core::types::{IoKind, RequestId, TenantId};
@@ -92,6 +94,33 @@ pub struct IoDone {
     pub credit: Option<u32>,
 }
 
+/// Where a request comes from, for arbitration between NVMe priority
+/// classes: passed with every request of a controller that chose weighted
+/// round robin (CC.AMS 001b) or the vendor-specific DRR (111b). Requests of
+/// a round-robin controller carry none and take today's path unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassTag {
+    /// The submitting controller's arbitration (mode, weights, burst,
+    /// aging).
+    pub arbiter: ArbiterConfig,
+    /// The class of the submission queue (its Connect CATTR bits 1:0).
+    pub class: NvmeClass,
+    /// The submission queue, unique within the namespace (see
+    /// [`ClassTag::queue_id`]).
+    pub queue: QueueId,
+    /// The namespace's `device_queue_depth`: requests outstanding at the
+    /// device (or the switch) beyond which arbitrated requests wait.
+    /// `None`: unlimited.
+    pub device_queue_depth: Option<u32>,
+}
+
+impl ClassTag {
+    /// A queue id unique across the controllers of a namespace.
+    pub fn queue_id(cntlid: u16, qid: u16) -> QueueId {
+        QueueId(u32::from(cntlid) << 16 | u32::from(qid))
+    }
+}
+
 /// Receives a request's completion. Called exactly once, on whatever thread
 /// completed the request.
 pub type Completion = Box<dyn FnOnce(IoDone) + Send + 'static>;
@@ -156,7 +185,9 @@ impl Pipeline {
     /// Submits a request from `tenant` (an index the target assigns to each
     /// host NQN); `done` is called once it completes. Must be called from
     /// within a tokio runtime when the backend may block or the switch runs.
-    pub fn submit(&self, tenant: u32, op: IoOp, done: Completion) {
+    /// `class` is `None` for a round-robin controller (CC.AMS 000b).
+    pub fn submit(&self, tenant: u32, class: Option<ClassTag>, op: IoOp, done: Completion) {
+        let _ = class;
         match &self.gimbal {
             // Flush and deallocate move no data: they bypass the switch
             // (NVMe orders neither against other commands).

@@ -416,6 +416,7 @@ mod uring_tests {
                 let tx = tx.clone();
                 pipeline.submit(
                     0,
+                    None,
                     IoOp::Write {
                         offset: i * 8192,
                         data: vec![i as u8 + 1; 8192],
@@ -430,6 +431,7 @@ mod uring_tests {
         rt.block_on(async {
             pipeline.submit(
                 0,
+                None,
                 IoOp::Read {
                     offset: 5 * 8192,
                     len: 8192,
