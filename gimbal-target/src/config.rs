@@ -154,6 +154,10 @@ pub struct NamespaceConfig {
     /// namespace's class arbiter, which is where classes and weights take
     /// effect. `None` (the default): unlimited, nothing waits.
     pub device_queue_depth: Option<u32>,
+    /// Wait in the class arbiter after which a request goes before all
+    /// others, oldest first, whatever its class (so nothing starves);
+    /// 0 turns aging off. Default 100 000 µs (qos-core's default).
+    pub class_aging_us: u64,
 }
 
 /// A namespace backend.
@@ -257,6 +261,8 @@ struct RawNamespace {
     time_scale: Option<Spanned<f64>>,
     #[serde(default)]
     device_queue_depth: Option<Spanned<u32>>,
+    #[serde(default)]
+    class_aging_us: Option<u64>,
 }
 
 /// How a simulated SSD was preconditioned (the paper's Clean-SSD and
@@ -734,6 +740,9 @@ fn validate_namespace(
         qos,
         gimbal,
         device_queue_depth,
+        class_aging_us: rn
+            .class_aging_us
+            .unwrap_or(qos_core::class_arbiter::ArbiterConfig::default().aging_threshold_us),
     })
 }
 
@@ -877,6 +886,9 @@ mod tests {
         assert_eq!(c.subsystems[0].namespaces[0].device_queue_depth, Some(1));
         let e = parse(&format!("{base}device_queue_depth = 0\n")).unwrap_err();
         assert_eq!(e.field, "subsystem.namespace.device_queue_depth", "{e}");
+        assert_eq!(c.subsystems[0].namespaces[0].class_aging_us, 100_000);
+        let c = parse(&format!("{base}class_aging_us = 0\n")).unwrap();
+        assert_eq!(c.subsystems[0].namespaces[0].class_aging_us, 0);
     }
 
     #[test]

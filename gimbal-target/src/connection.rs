@@ -728,7 +728,8 @@ impl Connection {
         let QueueState::Io(_, qid, class) = &self.state else {
             return None;
         };
-        let arbiter = ctrl.arbiter_config()?;
+        let mut arbiter = ctrl.arbiter_config()?;
+        arbiter.aging_threshold_us = ns.config.class_aging_us;
         Some(ClassTag {
             arbiter,
             class: *class,
