@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use gimbal_target::config::TargetConfig;
 
+mod plan;
+
 /// NVMe/TCP target and multi-tenant storage switch.
 #[derive(Parser)]
 #[command(version, about)]
@@ -29,6 +31,10 @@ enum Command {
     /// Run the Gimbal paper's experiments in simulation and regenerate
     /// docs/qos-simulation.md (or print metrics with --json).
     Simulate(gimbal_target::simulate::SimulateArgs),
+    /// Predict per-class throughput and worst-case latency under weighted
+    /// class arbitration (ionice paper Equations 1-3), e.g.
+    /// `plan --weights 4,2,1 --load high=max,low=20k --device 100k`.
+    Plan(plan::PlanArgs),
     /// Check a config file and print what it describes.
     Check {
         /// The TOML configuration.
@@ -55,6 +61,7 @@ fn main() -> ExitCode {
                 )
             }),
         Command::Simulate(args) => gimbal_target::simulate::run(&args),
+        Command::Plan(args) => plan::run(&args),
         Command::Check { config } => TargetConfig::load(&config)
             .map(|c| {
                 for s in &c.subsystems {
