@@ -164,7 +164,7 @@ allow_any_host = true
 nsid = 1
 backend = "sim"
 size = "16MiB"
-time_scale = 200
+time_scale = 500
 device_queue_depth = 1
 class_aging_us = 0
 "#;
