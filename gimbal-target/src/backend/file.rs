@@ -18,11 +18,12 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+use super::uring::AlignedBuf;
 use super::{check_range, Backend, BackendInfo, UringDone, UringOp};
 
 /// Direct I/O buffers are aligned to this (the largest logical block size
 /// in common use).
-const DIRECT_ALIGN: usize = 4096;
+const DIRECT_ALIGN: usize = super::uring::ALIGN;
 
 // From <linux/fs.h>; libc does not export the block ioctls.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
@@ -116,6 +117,21 @@ impl FileBackend {
         self.direct.is_some()
     }
 
+    /// fallocate(mode | KEEP_SIZE) on the range; false when the file system
+    /// does not support the mode (the caller falls back to writing zeros).
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> bool {
+        // SAFETY: plain syscall on an fd we own.
+        let rc = unsafe {
+            libc::fallocate(
+                self.buffered.as_raw_fd(),
+                mode | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        rc == 0
+    }
+
     /// Whether direct I/O goes through io_uring.
     pub fn uses_io_uring(&self) -> bool {
         self.uring.is_some()
@@ -157,32 +173,6 @@ fn block_range_ioctl(f: &File, request: libc::c_ulong, offset: u64, len: u64) ->
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// A heap buffer whose start is aligned for direct I/O, made from an
-/// over-allocated Vec (no unsafe needed).
-struct AlignedBuf {
-    storage: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> Self {
-        let storage = vec![0u8; len + DIRECT_ALIGN];
-        let start = storage.as_ptr().align_offset(DIRECT_ALIGN);
-        AlignedBuf {
-            storage,
-            start,
-            len,
-        }
-    }
-    fn as_mut(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
-    }
-    fn as_ref(&self) -> &[u8] {
-        &self.storage[self.start..self.start + self.len]
-    }
 }
 
 fn pwrite_dsync(f: &File, data: &[u8], offset: u64) -> io::Result<()> {
@@ -270,17 +260,7 @@ impl Backend for FileBackend {
         if self.is_block_device {
             return block_range_ioctl(&self.buffered, BLKZEROOUT, offset, len);
         }
-        let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: plain syscall on an fd we own.
-        let rc = unsafe {
-            libc::fallocate(
-                self.buffered.as_raw_fd(),
-                mode,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc == 0 {
+        if self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, len) {
             return Ok(());
         }
         // Not every file system zeroes ranges (tmpfs does not): write zeros.
@@ -299,17 +279,7 @@ impl Backend for FileBackend {
         if self.is_block_device {
             return block_range_ioctl(&self.buffered, BLKDISCARD, offset, len);
         }
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: plain syscall on an fd we own.
-        let rc = unsafe {
-            libc::fallocate(
-                self.buffered.as_raw_fd(),
-                mode,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc == 0 {
+        if self.fallocate(libc::FALLOC_FL_PUNCH_HOLE, offset, len) {
             Ok(())
         } else {
             // A file system without hole punching: zeroing keeps the

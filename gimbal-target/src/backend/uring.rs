@@ -51,15 +51,17 @@ struct Request {
     done: UringDone,
 }
 
-/// A buffer aligned for O_DIRECT, carved from an over-allocated Vec.
-struct AlignedBuf {
+/// A buffer aligned for O_DIRECT, carved from an over-allocated Vec (no
+/// unsafe allocation needed).
+pub(super) struct AlignedBuf {
     storage: Vec<u8>,
     start: usize,
     len: usize,
 }
 
 impl AlignedBuf {
-    fn new(len: usize) -> Self {
+    /// `len` zeroed bytes starting at an [`ALIGN`]-aligned address.
+    pub(super) fn new(len: usize) -> Self {
         let storage = vec![0u8; len + ALIGN];
         let start = storage.as_ptr().align_offset(ALIGN);
         AlignedBuf {
@@ -71,8 +73,13 @@ impl AlignedBuf {
     fn ptr(&mut self) -> *mut u8 {
         self.storage[self.start..].as_mut_ptr()
     }
-    fn bytes(&self) -> &[u8] {
+    /// The aligned bytes.
+    pub(super) fn as_ref(&self) -> &[u8] {
         &self.storage[self.start..self.start + self.len]
+    }
+    /// The aligned bytes, writable.
+    pub(super) fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
     }
 }
 
@@ -276,7 +283,7 @@ fn ring_loop(mut ring: IoUring, file: File, wake_fd: RawFd, rx: Receiver<Request
                     continue;
                 }
                 match f.kind {
-                    Kind::Read => Some(Ok(Cow::Owned(f.buf.bytes().to_vec()))),
+                    Kind::Read => Some(Ok(Cow::Owned(f.buf.as_ref().to_vec()))),
                     _ => Some(Ok(Cow::Borrowed(&[][..]))),
                 }
             };
@@ -299,8 +306,7 @@ fn prepare(req: Request) -> InFlight {
         },
         UringOp::Write { offset, data, fua } => {
             let mut buf = AlignedBuf::new(data.len());
-            let start = buf.start;
-            buf.storage[start..start + data.len()].copy_from_slice(&data);
+            buf.as_mut().copy_from_slice(&data);
             InFlight {
                 kind: Kind::Write { fua },
                 buf,
