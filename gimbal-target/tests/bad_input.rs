@@ -44,6 +44,13 @@ fn io_queue(addr: SocketAddr) -> (TestHost, TestHost) {
     (admin, io)
 }
 
+/// A valid Flush capsule from `h`, open to breaking one field.
+fn flush_capsule(h: &mut TestHost) -> RawPdu {
+    let cid = h.cid();
+    let pdu = Pdu::CapsuleCmd(CapsuleCmd::new(IoCommand::Flush { nsid: 1 }.to_sqe(cid)));
+    RawPdu::encode(&pdu, &h.enc).unwrap()
+}
+
 fn expect_fes(h: &mut TestHost, fes: Fes, case: &str) {
     let term = h.expect_termination();
     let term = term.unwrap_or_else(|| panic!("{case}: closed without a C2HTermReq"));
@@ -202,28 +209,14 @@ fn every_malformed_input_ends_only_its_connection() {
 
     // A header length that disagrees with the PDU type.
     let (_a, mut h) = io_queue(addr);
-    let cid = h.cid();
-    let bytes = RawPdu::encode(
-        &Pdu::CapsuleCmd(CapsuleCmd::new(IoCommand::Flush { nsid: 1 }.to_sqe(cid))),
-        &h.enc,
-    )
-    .unwrap()
-    .set_hlen(0x50)
-    .into_bytes();
+    let bytes = flush_capsule(&mut h).set_hlen(0x50).into_bytes();
     h.send_raw(&bytes);
     expect_fes(&mut h, Fes::INVALID_HEADER_FIELD, "wrong HLEN");
     next(&mut bystander);
 
     // PLEN smaller than HLEN.
     let (_a, mut h) = io_queue(addr);
-    let cid = h.cid();
-    let bytes = RawPdu::encode(
-        &Pdu::CapsuleCmd(CapsuleCmd::new(IoCommand::Flush { nsid: 1 }.to_sqe(cid))),
-        &h.enc,
-    )
-    .unwrap()
-    .set_plen(16)
-    .into_bytes();
+    let bytes = flush_capsule(&mut h).set_plen(16).into_bytes();
     h.send_raw(&bytes);
     expect_fes(&mut h, Fes::INVALID_HEADER_FIELD, "PLEN < HLEN");
     next(&mut bystander);
@@ -248,14 +241,7 @@ fn every_malformed_input_ends_only_its_connection() {
     // A header digest mismatch.
     let admin = TestHost::bring_up(addr, true, false, 2);
     let mut h = TestHost::connect_io(addr, admin.cntlid, 1, true, false);
-    let cid = h.cid();
-    let bytes = RawPdu::encode(
-        &Pdu::CapsuleCmd(CapsuleCmd::new(IoCommand::Flush { nsid: 1 }.to_sqe(cid))),
-        &h.enc,
-    )
-    .unwrap()
-    .corrupt_header_digest()
-    .into_bytes();
+    let bytes = flush_capsule(&mut h).corrupt_header_digest().into_bytes();
     h.send_raw(&bytes);
     expect_fes(&mut h, Fes::HEADER_DIGEST_ERROR, "header digest");
     drop(admin);
