@@ -160,6 +160,10 @@ pub struct ConnectOptions {
     pub reconnect: ReconnectPolicy,
     /// Arbitration mechanism to select in CC.AMS.
     pub arbitration: Arbitration,
+    /// Set Features Arbitration (FID 01h) dword 11 (HPW, MPW, LPW, burst)
+    /// to send after every enable, so the weights survive a controller
+    /// reset; `None` leaves the controller's.
+    pub arbitration_feature: Option<u32>,
 }
 
 impl ConnectOptions {
@@ -179,6 +183,7 @@ impl ConnectOptions {
             command_timeout: Duration::from_secs(30),
             reconnect: ReconnectPolicy::default(),
             arbitration: Arbitration::RoundRobin,
+            arbitration_feature: None,
         }
     }
 
@@ -518,6 +523,11 @@ fn bring_up(conn: &mut Conn, opts: &ConnectOptions, discovery: bool) -> Result<C
         let got = NumberOfQueues::from_dword(c.result?.dw0);
         got.queue_pairs().min(u32::from(opts.io_queues.max(1))) as u16
     };
+    let arbitration = opts.arbitration.resolve(&cap);
+    if let (Some(dw11), false) = (opts.arbitration_feature, discovery) {
+        let sf = nvmf_proto::command::SetFeatures::new(feature_id::ARBITRATION, dw11);
+        conn.exec_ok("Set Features Arbitration", sf.to_sqe(0), None)?;
+    }
     conn.q.set_limits(max_transfer, 8192.min(max_transfer));
     let kato_ms = conn.q.config().kato_ms;
     if kato_ms > 0 {
@@ -534,6 +544,7 @@ fn bring_up(conn: &mut Conn, opts: &ConnectOptions, discovery: bool) -> Result<C
         max_transfer_bytes: max_transfer,
         in_capsule_bytes: in_capsule,
         kato_ms,
+        arbitration,
     })
 }
 

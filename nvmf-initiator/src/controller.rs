@@ -28,6 +28,11 @@ pub enum Arbitration {
     WeightedRoundRobin,
     /// The controller's vendor specific mechanism (gimbal-target: DRR).
     VendorSpecific,
+    /// Weighted round robin with urgent when CAP.AMS offers it, otherwise
+    /// round robin (what a host that uses priority classes but must also
+    /// work with plain targets asks for). [`enable_cc`] resolves it;
+    /// [`ControllerInfo::arbitration`] says which one runs.
+    PreferWeighted,
 }
 
 impl Arbitration {
@@ -37,13 +42,32 @@ impl Arbitration {
             Self::RoundRobin => arbitration_mechanism::ROUND_ROBIN,
             Self::WeightedRoundRobin => arbitration_mechanism::WEIGHTED_ROUND_ROBIN_URGENT,
             Self::VendorSpecific => arbitration_mechanism::VENDOR_SPECIFIC,
+            Self::PreferWeighted => arbitration_mechanism::WEIGHTED_ROUND_ROBIN_URGENT,
         }
+    }
+
+    /// What runs on a controller with `cap`: `PreferWeighted` becomes
+    /// weighted round robin or round robin; the others stay as asked.
+    pub fn resolve(self, cap: &Capabilities) -> Arbitration {
+        match self {
+            Self::PreferWeighted if Self::WeightedRoundRobin.supported_by(cap) => {
+                Self::WeightedRoundRobin
+            }
+            Self::PreferWeighted => Self::RoundRobin,
+            other => other,
+        }
+    }
+
+    /// Whether the submission-queue priority classes mean anything under
+    /// this mechanism (they do not under round robin).
+    pub fn uses_classes(self) -> bool {
+        !matches!(self, Self::RoundRobin)
     }
 
     /// Whether CAP.AMS offers it.
     pub fn supported_by(self, cap: &Capabilities) -> bool {
         match self {
-            Self::RoundRobin => true,
+            Self::RoundRobin | Self::PreferWeighted => true,
             Self::WeightedRoundRobin => cap.ams & arbitration_mechanism::CAP_WRR_URGENT != 0,
             Self::VendorSpecific => cap.ams & arbitration_mechanism::CAP_VENDOR_SPECIFIC != 0,
         }
@@ -58,6 +82,7 @@ pub fn enable_cc(
     cap: &Capabilities,
     arbitration: Arbitration,
 ) -> Result<ControllerConfiguration, Error> {
+    let arbitration = arbitration.resolve(cap);
     if !arbitration.supported_by(cap) {
         return Err(Error::Unsupported(
             "the arbitration mechanism asked for is not in CAP.AMS",
@@ -131,6 +156,8 @@ pub struct ControllerInfo {
     pub in_capsule_bytes: u32,
     /// Keep alive timeout in ms (0: none).
     pub kato_ms: u32,
+    /// The arbitration mechanism enabled in CC.AMS.
+    pub arbitration: Arbitration,
 }
 
 /// A namespace as a block device sees it.
@@ -181,6 +208,26 @@ mod tests {
         assert_eq!(max_transfer_bytes(0, &cap), HOST_MAX_TRANSFER_BYTES);
         assert_eq!(max_transfer_bytes(5, &cap), 128 * 1024);
         assert_eq!(max_transfer_bytes(30, &cap), HOST_MAX_TRANSFER_BYTES);
+    }
+
+    #[test]
+    fn prefer_weighted_falls_back_to_round_robin() {
+        let mut cap = Capabilities::default();
+        assert_eq!(
+            Arbitration::PreferWeighted.resolve(&cap),
+            Arbitration::RoundRobin
+        );
+        assert_eq!(enable_cc(&cap, Arbitration::PreferWeighted).unwrap().ams, 0);
+        assert!(!Arbitration::PreferWeighted.resolve(&cap).uses_classes());
+        cap.ams = arbitration_mechanism::CAP_WRR_URGENT;
+        assert_eq!(
+            Arbitration::PreferWeighted.resolve(&cap),
+            Arbitration::WeightedRoundRobin
+        );
+        assert_eq!(enable_cc(&cap, Arbitration::PreferWeighted).unwrap().ams, 1);
+        // Asked for explicitly, a missing mechanism stays an error.
+        cap.ams = 0;
+        assert!(enable_cc(&cap, Arbitration::VendorSpecific).is_err());
     }
 
     #[test]

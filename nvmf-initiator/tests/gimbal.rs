@@ -147,3 +147,34 @@ fn refused_host_and_unknown_subsystem() {
     );
     t.shutdown();
 }
+
+/// The host asks for the target's DRR (CC.AMS 111b) with weights, or for
+/// weighted round robin when offered: the controller reports what runs,
+/// and the Arbitration feature the target holds is the one sent.
+#[test]
+fn arbitration_mechanism_and_weights_are_set() {
+    use nvmf_initiator::controller::Arbitration;
+    use nvmf_proto::command::GetFeatures;
+    use nvmf_proto::features::feature_id;
+
+    let t = target("allow_any_host = true");
+    // HPW 3, MPW 1, LPW 0 (weights 4:2:1, 0's based), burst 2^3.
+    let dw11 = 3 << 24 | 1 << 16 | 3;
+    for (asked, runs) in [
+        (Arbitration::VendorSpecific, Arbitration::VendorSpecific),
+        (Arbitration::PreferWeighted, Arbitration::WeightedRoundRobin),
+    ] {
+        let mut o = opts(&t);
+        o.arbitration = asked;
+        o.arbitration_feature = Some(dw11);
+        let ctrl = Controller::connect(o).expect("connect");
+        assert_eq!(ctrl.info().arbitration, runs);
+        let got = ctrl
+            .admin(GetFeatures::new(feature_id::ARBITRATION).to_sqe(0), None)
+            .expect("get features");
+        let info = got.result.expect("completion");
+        assert!(info.status.is_success(), "{:?}", info.status);
+        assert_eq!(info.dw0, dw11, "{asked:?}");
+        ctrl.disconnect().expect("disconnect");
+    }
+}
