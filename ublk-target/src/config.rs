@@ -22,6 +22,10 @@
 //! [qos]                   # see crate::qos
 //! credits = "auto"        # auto | target | estimate | off
 //! riops = 2000            # io.max names: riops wiops rbps wbps, *_burst
+//! [priority]              # see crate::priority
+//! source = "ionice"       # ionice | fixed
+//! arbitration = "drr"     # auto | wrr | drr
+//! high_weight = 4
 //! ```
 //!
 //! Unknown keys are errors (a typo must not silently do nothing);
@@ -39,6 +43,7 @@ use nvmf_initiator::ReconnectPolicy;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::priority::{parse_class, Mechanism, PriorityConfig, Source};
 use crate::qos::{parse_mode, QosConfig};
 
 /// A parsed, checked volume configuration.
@@ -65,6 +70,8 @@ pub struct VolumeConfig {
     pub keep_alive: Duration,
     /// Client-side QoS (`[qos]`): credit mode and rate limits.
     pub qos: QosConfig,
+    /// I/O priority classes (`[priority]`).
+    pub priority: PriorityConfig,
 }
 
 /// One target namespace (a replica, once volumes have several).
@@ -102,6 +109,26 @@ struct Raw {
     reconnect: RawReconnect,
     #[serde(default)]
     qos: RawQos,
+    #[serde(default)]
+    priority: RawPriority,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPriority {
+    source: Option<Spanned<String>>,
+    class: Option<Spanned<String>>,
+    realtime: Option<Spanned<String>>,
+    best_effort: Option<Spanned<String>>,
+    none: Option<Spanned<String>>,
+    idle: Option<Spanned<String>>,
+    urgent_realtime_levels: Option<Spanned<i64>>,
+    arbitration: Option<Spanned<String>>,
+    high_weight: Option<Spanned<i64>>,
+    medium_weight: Option<Spanned<i64>>,
+    low_weight: Option<Spanned<i64>>,
+    burst: Option<Spanned<i64>>,
+    aging_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -310,6 +337,7 @@ impl VolumeConfig {
             ));
         }
         let qos = parse_qos(&cx, &raw.qos)?;
+        let priority = parse_priority(&cx, &raw.priority)?;
         Ok(Self {
             path: path.to_path_buf(),
             name: raw.name.get_ref().clone(),
@@ -331,6 +359,7 @@ impl VolumeConfig {
             },
             keep_alive: Duration::from_secs(kato as u64),
             qos,
+            priority,
         })
     }
 }
@@ -385,6 +414,63 @@ fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
             None => ConfigError::whole_file(cx.file, e),
         });
     }
+    Ok(c)
+}
+
+fn parse_priority(cx: &Ctx<'_>, p: &RawPriority) -> Result<PriorityConfig, ConfigError> {
+    let mut c = PriorityConfig::default();
+    if let Some(s) = &p.source {
+        c.source = match s.get_ref().as_str() {
+            "ionice" => Source::Ionice,
+            "fixed" => Source::Fixed,
+            _ => return Err(cx.err(s, "priority.source", "one of \"ionice\", \"fixed\"")),
+        };
+    }
+    let class = |v: &Option<Spanned<String>>, f: &str, d| match v {
+        None => Ok(d),
+        Some(s) => parse_class(s.get_ref())
+            .ok_or_else(|| cx.err(s, f, "one of \"urgent\", \"high\", \"medium\", \"low\"")),
+    };
+    c.class = class(&p.class, "priority.class", c.class)?;
+    let m = &mut c.map;
+    m.realtime = class(&p.realtime, "priority.realtime", m.realtime)?;
+    m.best_effort = class(&p.best_effort, "priority.best_effort", m.best_effort)?;
+    m.none = class(&p.none, "priority.none", m.none)?;
+    m.idle = class(&p.idle, "priority.idle", m.idle)?;
+    m.urgent_realtime_levels = cx.int(
+        &p.urgent_realtime_levels,
+        "priority.urgent_realtime_levels",
+        0,
+        0..=8,
+    )? as u8;
+    if let Some(s) = &p.arbitration {
+        c.mechanism = match s.get_ref().as_str() {
+            "auto" => Mechanism::Auto,
+            "wrr" => Mechanism::Wrr,
+            "drr" => Mechanism::Drr,
+            _ => {
+                return Err(cx.err(
+                    s,
+                    "priority.arbitration",
+                    "one of \"auto\", \"wrr\", \"drr\"",
+                ))
+            }
+        };
+    }
+    // NVMe weights are 8-bit, 0's based: 1..=256.
+    let w = |v: &Option<Spanned<i64>>, f: &str, d: u32| {
+        cx.int(v, f, i64::from(d), 1..=256).map(|x| x as u32)
+    };
+    c.high_weight = w(&p.high_weight, "priority.high_weight", c.high_weight)?;
+    c.medium_weight = w(&p.medium_weight, "priority.medium_weight", c.medium_weight)?;
+    c.low_weight = w(&p.low_weight, "priority.low_weight", c.low_weight)?;
+    c.burst = cx.int(&p.burst, "priority.burst", i64::from(c.burst), 0..=64)? as u32;
+    c.aging_ms = cx.int(
+        &p.aging_ms,
+        "priority.aging_ms",
+        c.aging_ms as i64,
+        0..=60_000,
+    )? as u64;
     Ok(c)
 }
 
@@ -525,6 +611,38 @@ queues = 2
         assert_eq!((e.line, e.field.as_str()), (9, "qos.riops"));
         let e = parse(&format!("{GOOD}[qos]\nread_iops = 1\n")).unwrap_err();
         assert!(e.field.contains("read_iops"), "{e}");
+    }
+
+    #[test]
+    fn priority_section_parses_and_names_bad_fields() {
+        use qos_core::priority::NvmeClass;
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.priority, PriorityConfig::default());
+        let c = parse(&format!(
+            "{GOOD}[priority]\nsource = \"fixed\"\nclass = \"low\"\narbitration = \"drr\"\nhigh_weight = 4\nlow_weight = 1\nidle = \"medium\"\n"
+        ))
+        .unwrap();
+        let p = c.priority;
+        assert_eq!(p.source, Source::Fixed);
+        assert_eq!(p.class, NvmeClass::Low);
+        assert_eq!(p.mechanism, Mechanism::Drr);
+        assert_eq!((p.high_weight, p.low_weight), (4, 1));
+        assert_eq!(p.map.idle, NvmeClass::Medium);
+        for (bad, field) in [
+            ("source = \"bpf\"", "priority.source"),
+            ("class = \"rt\"", "priority.class"),
+            ("realtime = \"top\"", "priority.realtime"),
+            ("arbitration = \"fair\"", "priority.arbitration"),
+            ("high_weight = 0", "priority.high_weight"),
+            ("low_weight = 257", "priority.low_weight"),
+            (
+                "urgent_realtime_levels = 9",
+                "priority.urgent_realtime_levels",
+            ),
+        ] {
+            let e = parse(&format!("{GOOD}[priority]\n{bad}\n")).unwrap_err();
+            assert_eq!((e.line, e.field.as_str()), (9, field), "{bad}: {e}");
+        }
     }
 
     #[test]

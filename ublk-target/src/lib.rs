@@ -20,6 +20,7 @@ pub mod error;
 pub mod histogram;
 pub mod mapping;
 pub mod notify;
+pub mod priority;
 pub mod qos;
 pub mod state;
 pub mod ublk;
