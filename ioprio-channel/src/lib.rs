@@ -52,6 +52,10 @@ pub struct Options {
     pub slot_capacity: u32,
     /// Behave as if the process lacked CAP_BPF/CAP_PERFMON/CAP_SYS_ADMIN.
     pub simulate_unprivileged: bool,
+    /// The BTF tracepoint to attach to. Only tests change it: a name the
+    /// kernel does not have makes the real kernel refuse the program, the
+    /// path a kernel without `block_rq_issue`'s BTF type would take.
+    pub tracepoint: String,
 }
 
 impl Default for Options {
@@ -60,6 +64,7 @@ impl Default for Options {
             btf_path: PathBuf::from(DEFAULT_BTF_PATH),
             slot_capacity: DEFAULT_SLOT_CAPACITY,
             simulate_unprivileged: false,
+            tracepoint: loader::TRACEPOINT.to_owned(),
         }
     }
 }
@@ -281,7 +286,12 @@ impl PriorityChannel {
             effective_capabilities()
         };
         check_capabilities(caps)?;
-        let loaded = loader::load(object, &options.btf_path, options.slot_capacity)?;
+        let loaded = loader::load(
+            object,
+            &options.btf_path,
+            options.slot_capacity,
+            &options.tracepoint,
+        )?;
         let inner = Inner {
             slots: SlotMap {
                 ptr: loaded.slots_ptr.cast(),

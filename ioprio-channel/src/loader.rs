@@ -96,6 +96,7 @@ pub(crate) fn load(
     object: &[u8],
     btf_path: &Path,
     slot_capacity: u32,
+    tracepoint: &str,
 ) -> Result<Loaded, Unavailable> {
     let btf =
         Btf::parse_file(btf_path, Endianness::default()).map_err(|e| Unavailable::BadBtf {
@@ -113,7 +114,7 @@ pub(crate) fn load(
         .try_into()
         .map_err(load_err)?;
     program
-        .load(TRACEPOINT, &btf)
+        .load(tracepoint, &btf)
         .map_err(|e| Unavailable::Load {
             detail: full_chain(&e),
         })?;

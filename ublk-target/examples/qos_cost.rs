@@ -10,12 +10,22 @@ use qos_core::Nanos;
 use ublk_target::qos::{Class, QosConfig, QueueQos, VolumeQos};
 
 fn run(cfg: QosConfig, n: u64, depth: u64) -> f64 {
-    let mut q: QueueQos<u64> = QueueQos::new(Arc::new(VolumeQos::new(&cfg, 1)), 0);
+    let mut q: QueueQos<u64> = QueueQos::new(
+        Arc::new(VolumeQos::new(&cfg, 1)),
+        0,
+        qos_core::class_arbiter::ArbiterConfig::default(),
+    );
     let mut tickets = std::collections::VecDeque::new();
     let start = Instant::now();
     for i in 0..n {
         let now = Nanos(i * 1000);
-        q.push(now, i, Class::Read, 4096);
+        q.push(
+            now,
+            i,
+            Class::Read,
+            4096,
+            qos_core::priority::NvmeClass::Medium,
+        );
         while let Some((_, t)) = q.poll_admit(now) {
             tickets.push_back(t);
         }

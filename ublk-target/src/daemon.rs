@@ -93,8 +93,9 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
         "{}:{} {}",
         config.target.address, config.target.port, config.target.subnqn
     );
+    let priority = open_priority(&config);
     let vol = Arc::new(
-        Volume::connect(config.clone(), host)
+        Volume::connect(config.clone(), host, priority)
             .with_context(|| format!("volume {name}: {target}"))?,
     );
     if let Some(st) = &recover {
@@ -114,6 +115,8 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
     let dir2 = dir.clone();
     let cfg_path = std::fs::canonicalize(&config.path).unwrap_or(config.path.clone());
     let on_live = Box::new(move |dev_id: u32| {
+        vol2.priority
+            .register(dev_id, vol2.config.queues, vol2.config.queue_depth);
         let st = DeviceState {
             volume: vol2.config.name.clone(),
             config: cfg_path,
@@ -164,6 +167,44 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
     }
     res?;
     Ok(())
+}
+
+/// The volume's priority state: with `source = "ionice"` the BPF side
+/// channel is loaded here, once; when it cannot be, the reason is logged
+/// once and the volume uses its configured class.
+///
+/// Test and diagnostic hooks (environment): `UBLK_NVMF_IOPRIO_BTF` (the
+/// kernel BTF file to use), `UBLK_NVMF_IOPRIO_TRACEPOINT` (attach to
+/// another tracepoint: an unknown name makes the kernel refuse the
+/// program), `UBLK_NVMF_IOPRIO_UNPRIVILEGED=1` (behave as without
+/// CAP_BPF/CAP_PERFMON).
+pub fn open_priority(config: &VolumeConfig) -> ublk_target::volume::Priority {
+    use ioprio_channel::{Mode, Options, PriorityChannel};
+    use ublk_target::priority::Source;
+    let pc = config.priority;
+    if pc.source == Source::Fixed {
+        return ublk_target::volume::Priority::new(pc, None, String::new());
+    }
+    let mut opts = Options::default();
+    if let Ok(p) = std::env::var("UBLK_NVMF_IOPRIO_BTF") {
+        opts.btf_path = p.into();
+    }
+    if let Ok(t) = std::env::var("UBLK_NVMF_IOPRIO_TRACEPOINT") {
+        opts.tracepoint = t;
+    }
+    opts.simulate_unprivileged =
+        std::env::var("UBLK_NVMF_IOPRIO_UNPRIVILEGED").as_deref() == Ok("1");
+    let (channel, mode) = PriorityChannel::open_or_fallback(&opts);
+    if let Mode::Fallback(why) = &mode {
+        log::warn!(
+            "volume {}: ioprio side channel unavailable ({why}); every request uses class {}",
+            config.name,
+            ublk_target::priority::class_name(pc.class)
+        );
+    } else {
+        log::info!("volume {}: ioprio side channel loaded", config.name);
+    }
+    ublk_target::volume::Priority::new(pc, channel, mode.to_string())
 }
 
 /// `set` on the control socket: apply, log, answer with the settings now
@@ -255,7 +296,7 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
     };
     format_counters(s)
         + &format!(
-            "  qos: credits {} (window {} from {}, target credit {credit}), in flight {} (max {}, over credit {})\n               qos: local queue {} (max {}), waited {} of {} (mean {} us, max {} us), limiter delays {}, credit waits {}\n               qos: riops {} wiops {} rbps {} wbps {}\n",
+            "  qos: credits {} (window {} from {}, target credit {credit}), in flight {} (max {}, over credit {})\n               qos: local queue {} (max {}), waited {} of {} (mean {} us, max {} us), limiter delays {}, credit waits {}\n               qos: riops {} wiops {} rbps {} wbps {}\n{}",
             q.credits_mode,
             q.window,
             q.window_source,
@@ -273,8 +314,29 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
             limit(q.riops),
             limit(q.wiops),
             limit(q.rbps),
-            limit(q.wbps)
+            limit(q.wbps),
+            format_priority(&s.priority)
         )
+}
+
+fn format_priority(p: &ublk_target::volume::PrioritySnapshot) -> String {
+    let mut out = format!(
+        "  priority: {} ({}), queues per ublk queue: {}\n",
+        p.mode,
+        p.arbitration,
+        p.queues.join(" ")
+    );
+    for c in p
+        .classes
+        .iter()
+        .filter(|c| c.ios + c.admitted + c.queued > 0)
+    {
+        out += &format!(
+            "  class {}: ios {} ({} bytes), admitted {}, queued {}\n",
+            c.class, c.ios, c.bytes, c.admitted, c.queued
+        );
+    }
+    out
 }
 
 fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {

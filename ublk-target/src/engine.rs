@@ -1,11 +1,16 @@
 //! The per-ublk-queue I/O engine: one NVMe/TCP I/O queue ([`Queue`], the
-//! initiator's sans-IO core) pumped on the ublk queue's own io_uring.
+//! initiator's sans-IO core) per priority class in use, pumped on the ublk
+//! queue's own io_uring.
 //!
 //! Per ublk queue thread there is one [`Engine`] (shared by the thread's
-//! tasks through `Rc<RefCell<_>>`, never across threads) and three tasks
-//! besides the per-tag tasks:
+//! tasks through `Rc<RefCell<_>>`, never across threads). A request's NVMe
+//! class (from the ioprio side channel or the volume's fixed class) picks
+//! its *path*: the I/O queue opened with that class in the Connect
+//! command's CATTR (`Volume::paths`, `Volume::class_path`). Besides the
+//! per-tag tasks the thread runs an rx and a tx task per path, and one
+//! tick and one pacing task:
 //!
-//! - **rx**: a `Recv` SQE on the socket; bytes go to `Queue::handle_bytes`,
+//! - **rx**: a `Recv` SQE on the path's socket; bytes go to `Queue::handle_bytes`,
 //!   completions wake the tag that owns them (`user_data` = tag).
 //! - **tx**: woken when the queue has PDUs; one `Send` SQE carries
 //!   everything queued since the last one, so requests that arrive in the
@@ -35,8 +40,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
-use nvmf_proto::fabrics::PriorityClass;
+use qos_core::priority::NvmeClass;
 
+use crate::priority::{class_name, connect_class};
 use crate::qos::{Class, QueueQos, Ticket};
 use crate::volume::{Stats, Volume};
 
@@ -94,24 +100,17 @@ struct Conn {
     generation: u64,
 }
 
-/// The engine of one ublk queue; see the module documentation.
-pub struct Engine {
-    volume: Arc<Volume>,
-    stats: Arc<Stats>,
+/// One NVMe/TCP I/O queue of the engine: the queue of one priority class
+/// (its Connect carries the class in CATTR).
+struct Path {
+    class: NvmeClass,
     qid: Option<u16>,
+    /// Controller epoch the connection belongs to.
     epoch: u64,
     conn: Option<Conn>,
     generation: u64,
     /// Requests waiting for a connection, oldest first.
     held: VecDeque<Request<TagBuf>>,
-    /// Rate limiter and credit gate in front of the NVMe queue.
-    qos: QueueQos<Request<TagBuf>>,
-    /// Per tag: the QoS ticket of an admitted request.
-    tickets: Vec<Option<Ticket>>,
-    pace_waker: Option<Waker>,
-    /// Per tag: the outcome once known (true: success).
-    results: Vec<Option<bool>>,
-    wakers: Vec<Option<Waker>>,
     tx_waker: Option<Waker>,
     rx_waker: Option<Waker>,
     /// When the last reconnect attempt failed (attempts are spaced by the
@@ -119,97 +118,150 @@ pub struct Engine {
     last_attempt: Option<Instant>,
 }
 
+/// The engine of one ublk queue; see the module documentation.
+pub struct Engine {
+    volume: Arc<Volume>,
+    stats: Arc<Stats>,
+    /// One per class with a queue of its own (`Volume::paths`).
+    paths: Vec<Path>,
+    /// Rate limiter, credit gate and class arbitration in front of the
+    /// NVMe queues.
+    qos: QueueQos<Request<TagBuf>>,
+    /// Per tag: the QoS ticket of an admitted request.
+    tickets: Vec<Option<Ticket>>,
+    /// Per tag: the path its request goes to.
+    tag_path: Vec<u8>,
+    pace_waker: Option<Waker>,
+    /// Per tag: the outcome once known (true: success).
+    results: Vec<Option<bool>>,
+    wakers: Vec<Option<Waker>>,
+}
+
 impl Engine {
-    /// An engine for a queue of `depth` tags; not connected yet.
+    /// An engine for ublk queue `qid` of `depth` tags; not connected yet.
     pub fn new(volume: Arc<Volume>, qid: u16, depth: u16) -> Self {
         let stats = Arc::clone(&volume.stats);
-        let qos = QueueQos::new(Arc::clone(&volume.qos), qid);
+        let qos = QueueQos::new(
+            Arc::clone(&volume.qos),
+            qid,
+            volume.priority.config.arbiter(),
+        );
+        let paths = volume
+            .paths
+            .iter()
+            .map(|&class| Path {
+                class,
+                qid: None,
+                epoch: 0,
+                conn: None,
+                generation: 0,
+                held: VecDeque::new(),
+                tx_waker: None,
+                rx_waker: None,
+                last_attempt: None,
+            })
+            .collect();
         Self {
             qos,
             tickets: vec![None; usize::from(depth)],
+            tag_path: vec![0; usize::from(depth)],
             pace_waker: None,
             volume,
             stats,
-            qid: None,
-            epoch: 0,
-            conn: None,
-            generation: 0,
-            held: VecDeque::new(),
+            paths,
             results: vec![None; usize::from(depth)],
             wakers: vec![None; usize::from(depth)],
-            tx_waker: None,
-            rx_waker: None,
-            last_attempt: None,
         }
     }
 
-    /// Connect (blocking, bounded) if the controller is live; on failure the
-    /// tick retries.
+    /// How many NVMe/TCP queues (one per class in use) this engine runs;
+    /// the queue thread starts an rx and a tx task per path.
+    pub fn path_count(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// Connect every path (blocking, bounded) if the controller is live;
+    /// on failure the tick retries.
     pub fn try_connect(&mut self, now: Instant) {
-        if self.conn.is_some() {
+        for p in 0..self.paths.len() {
+            self.try_connect_path(p, now);
+        }
+    }
+
+    fn try_connect_path(&mut self, p: usize, now: Instant) {
+        let vol = Arc::clone(&self.volume);
+        let path = &mut self.paths[p];
+        if path.conn.is_some() {
             return;
         }
-        let ctrl = &self.volume.ctrl;
+        let ctrl = &vol.ctrl;
         if !ctrl.is_live() {
             return;
         }
-        if let Some(t) = self.last_attempt {
-            if now.duration_since(t) < self.volume.config.reconnect.reconnect_delay.min(TICK * 20) {
+        if let Some(t) = path.last_attempt {
+            if now.duration_since(t) < vol.config.reconnect.reconnect_delay.min(TICK * 20) {
                 return;
             }
         }
-        let (epoch, cfg) = match self.qid {
-            Some(qid) => ctrl.io_queue_reconnect_config(qid, PriorityClass::Medium),
-            None => match ctrl.io_queue_config(PriorityClass::Medium) {
+        let class = connect_class(path.class);
+        let (epoch, cfg) = match path.qid {
+            Some(qid) => ctrl.io_queue_reconnect_config(qid, class),
+            None => match ctrl.io_queue_config(class) {
                 Ok((e, c)) => {
-                    self.qid = Some(c.qid);
+                    path.qid = Some(c.qid);
                     (e, c)
                 }
                 Err(e) => {
-                    log::error!("{}: no I/O queue: {e}", self.volume.config.name);
-                    self.last_attempt = Some(now);
+                    log::error!("{}: no I/O queue: {e}", vol.config.name);
+                    path.last_attempt = Some(now);
                     return;
                 }
             },
         };
-        match connect_blocking(self.volume.addr, cfg) {
-            Ok((sock, mut queue)) => {
-                self.epoch = epoch;
-                self.generation += 1;
+        match connect_blocking(vol.addr, cfg) {
+            Ok((sock, queue)) => {
+                path.epoch = epoch;
+                path.generation += 1;
+                let held = std::mem::take(&mut path.held);
+                let n = held.len();
+                path.conn = Some(Conn {
+                    sock,
+                    queue,
+                    generation: path.generation,
+                });
+                path.last_attempt = None;
                 let now = Instant::now();
-                let n = self.held.len();
-                while let Some(r) = self.held.pop_front() {
-                    if let Err(rej) = queue.submit(now, r) {
+                for r in held {
+                    let c = self.paths[p].conn.as_mut().expect("just connected");
+                    if let Err(rej) = c.queue.submit(now, r) {
+                        // A fresh queue refuses only what it can never
+                        // send (e.g. larger than the new limits).
                         let tag = rej.request.user_data as usize;
                         self.finish(tag, false);
                     }
                 }
+                let path = &mut self.paths[p];
                 if epoch > 0 || n > 0 {
                     log::info!(
-                        "{}: I/O queue {} connected (controller epoch {epoch}), {n} requests resubmitted",
-                        self.volume.config.name,
-                        queue.config().qid
+                        "{}: I/O queue {} ({}) connected (controller epoch {epoch}), {n} requests resubmitted",
+                        vol.config.name,
+                        cfg_qid(path),
+                        class_name(path.class),
                     );
                 }
-                self.conn = Some(Conn {
-                    sock,
-                    queue,
-                    generation: self.generation,
-                });
-                self.last_attempt = None;
-                wake(&mut self.tx_waker);
-                wake(&mut self.rx_waker);
+                wake(&mut path.tx_waker);
+                wake(&mut path.rx_waker);
             }
             Err(e) => {
-                log::warn!("{}: I/O queue connect: {e}", self.volume.config.name);
-                self.last_attempt = Some(now);
+                log::warn!("{}: I/O queue connect: {e}", vol.config.name);
+                path.last_attempt = Some(now);
                 ctrl.report_failure(epoch, &e);
             }
         }
     }
 
     /// Queue a request for tag `tag`: `class` and `bytes` are what the
-    /// rate limiter charges.
+    /// rate limiter charges, `prio` is its NVMe priority class.
     pub fn submit(
         &mut self,
         tag: u16,
@@ -217,15 +269,19 @@ impl Engine {
         buf: Option<TagBuf>,
         class: Class,
         bytes: u64,
+        prio: NvmeClass,
     ) {
         self.stats.inflight.fetch_add(1, Ordering::Relaxed);
+        if let Some(p) = self.tag_path.get_mut(usize::from(tag)) {
+            *p = self.volume.class_path[prio.index()];
+        }
         let req = Request {
             command,
             buf,
             user_data: u64::from(tag),
         };
         let now = self.qos.shared().now(Instant::now());
-        self.qos.push(now, req, class, bytes);
+        self.qos.push(now, req, class, bytes, prio);
         self.pump(now);
     }
 
@@ -233,10 +289,12 @@ impl Engine {
     /// limiter holds the head back.
     fn pump(&mut self, now: qos_core::Nanos) {
         while let Some((req, ticket)) = self.qos.poll_admit(now) {
-            if let Some(t) = self.tickets.get_mut(req.user_data as usize) {
+            let tag = req.user_data as usize;
+            if let Some(t) = self.tickets.get_mut(tag) {
                 *t = Some(ticket);
             }
-            self.send(req);
+            let p = usize::from(self.tag_path.get(tag).copied().unwrap_or(0));
+            self.send_on(p, Instant::now(), req);
         }
         if self.qos.timer().is_some() {
             wake(&mut self.pace_waker);
@@ -250,16 +308,14 @@ impl Engine {
         Some(Duration::from_nanos(at.nanos_since(now)).min(TICK))
     }
 
-    fn send(&mut self, req: Request<TagBuf>) {
-        match self.conn.as_mut() {
-            Some(c) => {
-                if let Err(rej) = c.queue.submit(Instant::now(), req) {
-                    self.held.push_back(rej.request);
-                } else {
-                    wake(&mut self.tx_waker);
-                }
-            }
-            None => self.held.push_back(req),
+    fn send_on(&mut self, p: usize, now: Instant, req: Request<TagBuf>) {
+        let path = &mut self.paths[p];
+        match path.conn.as_mut() {
+            Some(c) => match c.queue.submit(now, req) {
+                Err(rej) => path.held.push_back(rej.request),
+                Ok(()) => wake(&mut path.tx_waker),
+            },
+            None => path.held.push_back(req),
         }
     }
 
@@ -292,9 +348,13 @@ impl Engine {
         }
     }
 
-    fn drain_events(&mut self) {
+    fn drain_events(&mut self, p: usize) {
         let mut completed = false;
-        while let Some(ev) = self.conn.as_mut().and_then(|c| c.queue.poll_event()) {
+        while let Some(ev) = self.paths[p]
+            .conn
+            .as_mut()
+            .and_then(|c| c.queue.poll_event())
+        {
             match ev {
                 Event::Connected { .. } => {}
                 Event::Completed(done) => {
@@ -315,15 +375,18 @@ impl Engine {
                     }
                     self.finish(tag, ok);
                 }
-                Event::Failed(e) => self.on_failure(e),
+                Event::Failed(e) => self.on_failure(p, e),
             }
         }
         if completed && self.qos.queued() > 0 {
             let now = self.qos.shared().now(Instant::now());
             self.pump(now);
         }
-        if self.conn.as_ref().is_some_and(|c| c.queue.has_transmit()) {
-            wake(&mut self.tx_waker);
+        // Admissions may have queued PDUs on any path.
+        for path in &mut self.paths {
+            if path.conn.as_ref().is_some_and(|c| c.queue.has_transmit()) {
+                wake(&mut path.tx_waker);
+            }
         }
     }
 
@@ -333,60 +396,61 @@ impl Engine {
         self.pump(now);
     }
 
-    /// The connection is gone: reset the controller (once, whoever
+    /// Path `p`'s connection is gone: reset the controller (once, whoever
     /// reports), keep the unfinished requests for the next connection.
-    fn on_failure(&mut self, err: nvmf_initiator::Error) {
-        let Some(mut c) = self.conn.take() else {
+    fn on_failure(&mut self, p: usize, err: nvmf_initiator::Error) {
+        let path = &mut self.paths[p];
+        let Some(mut c) = path.conn.take() else {
             return;
         };
         log::warn!(
-            "{}: I/O queue {} failed: {err}",
+            "{}: I/O queue {} ({}) failed: {err}",
             self.volume.config.name,
-            c.queue.config().qid
+            c.queue.config().qid,
+            class_name(path.class)
         );
         self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-        self.volume.ctrl.report_failure(self.epoch, &err);
+        self.volume.ctrl.report_failure(path.epoch, &err);
         c.queue.close();
         let _ = c.sock.shutdown(Shutdown::Both);
         let mut unfinished = c.queue.take_unfinished();
         // Requests that never reached the queue stay behind those.
-        unfinished.extend(self.held.drain(..));
-        self.held = unfinished.into();
+        unfinished.extend(path.held.drain(..));
+        path.held = unfinished.into();
         // A recv still in flight on the socket returns on the shutdown.
-        wake(&mut self.rx_waker);
+        wake(&mut path.rx_waker);
     }
 
     /// Housekeeping, every [`TICK`]: timeouts, controller resets, reconnect,
     /// and failing held I/O when the policy says so.
     pub fn tick(&mut self, now: Instant) {
-        if let Some(c) = self.conn.as_mut() {
-            if c.queue.poll_timeout().is_some_and(|t| t <= now) {
-                c.queue.handle_timeout(now);
-            }
-        }
-        self.drain_events();
         let vol = Arc::clone(&self.volume);
         let ctrl = &vol.ctrl;
-        if self.conn.is_some() && ctrl.epoch() != self.epoch {
-            // The controller was reset behind this queue (keep-alive
-            // failure, another queue's error): its connection belongs to
-            // the old controller.
-            self.on_failure(nvmf_initiator::Error::QueueClosed);
-        }
-        if self.conn.is_none() {
-            if let Err(e) = ctrl.disposition() {
-                if !self.held.is_empty() {
-                    log::error!(
-                        "{}: failing {} requests: {e}",
-                        self.volume.config.name,
-                        self.held.len()
-                    );
-                }
-                while let Some(r) = self.held.pop_front() {
-                    self.finish(r.user_data as usize, false);
+        for p in 0..self.paths.len() {
+            if let Some(c) = self.paths[p].conn.as_mut() {
+                if c.queue.poll_timeout().is_some_and(|t| t <= now) {
+                    c.queue.handle_timeout(now);
                 }
             }
-            self.try_connect(now);
+            self.drain_events(p);
+            if self.paths[p].conn.is_some() && ctrl.epoch() != self.paths[p].epoch {
+                // The controller was reset behind this queue (keep-alive
+                // failure, another queue's error): its connection belongs
+                // to the old controller.
+                self.on_failure(p, nvmf_initiator::Error::QueueClosed);
+            }
+            if self.paths[p].conn.is_none() {
+                if let Err(e) = ctrl.disposition() {
+                    let held = std::mem::take(&mut self.paths[p].held);
+                    if !held.is_empty() {
+                        log::error!("{}: failing {} requests: {e}", vol.config.name, held.len());
+                    }
+                    for r in held {
+                        self.finish(r.user_data as usize, false);
+                    }
+                }
+                self.try_connect_path(p, now);
+            }
         }
         // Settings changed at run time (credit mode, limits) reach a
         // queue that is otherwise idle.
@@ -396,17 +460,22 @@ impl Engine {
         }
     }
 
-    /// Bytes received on connection `generation`.
-    fn on_bytes(&mut self, generation: u64, bytes: &[u8]) {
-        if let Some(c) = self.conn.as_mut().filter(|c| c.generation == generation) {
+    /// Bytes received on path `p`'s connection `generation`.
+    fn on_bytes(&mut self, p: usize, generation: u64, bytes: &[u8]) {
+        if let Some(c) = self.paths[p]
+            .conn
+            .as_mut()
+            .filter(|c| c.generation == generation)
+        {
             c.queue.handle_bytes(Instant::now(), bytes);
         }
-        self.drain_events();
+        self.drain_events(p);
     }
 
-    /// A socket operation of connection `generation` failed or hit EOF.
-    fn on_socket_error(&mut self, generation: u64, res: i32) {
-        if self
+    /// A socket operation of path `p`'s connection `generation` failed or
+    /// hit EOF.
+    fn on_socket_error(&mut self, p: usize, generation: u64, res: i32) {
+        if self.paths[p]
             .conn
             .as_ref()
             .is_some_and(|c| c.generation == generation)
@@ -416,21 +485,28 @@ impl Engine {
             } else {
                 nvmf_initiator::Error::io(std::io::Error::from_raw_os_error(-res))
             };
-            if let Some(c) = self.conn.as_mut() {
+            if let Some(c) = self.paths[p].conn.as_mut() {
                 c.queue.handle_closed();
             }
-            self.drain_events();
-            if self.conn.is_some() {
-                self.on_failure(err);
+            self.drain_events(p);
+            if self.paths[p].conn.is_some() {
+                self.on_failure(p, err);
             }
         }
     }
 
-    fn current(&self) -> Option<(u64, i32)> {
-        self.conn
+    fn current(&self, p: usize) -> Option<(u64, i32)> {
+        self.paths[p]
+            .conn
             .as_ref()
             .map(|c| (c.generation, c.sock.as_raw_fd()))
     }
+}
+
+fn cfg_qid(p: &Path) -> u16 {
+    p.conn
+        .as_ref()
+        .map_or(p.qid.unwrap_or(0), |c| c.queue.config().qid)
 }
 
 fn wake(w: &mut Option<Waker>) {
@@ -549,6 +625,7 @@ pub async fn pace_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
 
 struct WaitFor {
     engine: Rc<RefCell<Engine>>,
+    path: usize,
     what: Wait,
 }
 
@@ -556,19 +633,23 @@ impl Future for WaitFor {
     type Output = (u64, i32);
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(u64, i32)> {
         let mut e = self.engine.borrow_mut();
+        let p = self.path;
         let ready = match self.what {
-            Wait::Rx => e.current(),
-            Wait::Tx => e
-                .current()
-                .filter(|_| e.conn.as_ref().is_some_and(|c| c.queue.has_transmit())),
+            Wait::Rx => e.current(p),
+            Wait::Tx => e.current(p).filter(|_| {
+                e.paths[p]
+                    .conn
+                    .as_ref()
+                    .is_some_and(|c| c.queue.has_transmit())
+            }),
         };
         match ready {
             Some(x) => Poll::Ready(x),
             None => {
                 let w = Some(cx.waker().clone());
                 match self.what {
-                    Wait::Rx => e.rx_waker = w,
-                    Wait::Tx => e.tx_waker = w,
+                    Wait::Rx => e.paths[p].rx_waker = w,
+                    Wait::Tx => e.paths[p].tx_waker = w,
                 }
                 Poll::Pending
             }
@@ -576,8 +657,8 @@ impl Future for WaitFor {
     }
 }
 
-/// The receive task (runs for the queue thread's lifetime).
-pub async fn rx_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
+/// The receive task of path `path` (runs for the queue thread's lifetime).
+pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
     // Leaked on purpose: a Recv may still be in the ring when the thread's
     // executor is dropped at shutdown, and must never write into freed
     // memory. One buffer per queue thread.
@@ -585,6 +666,7 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
     loop {
         let (generation, fd) = WaitFor {
             engine: Rc::clone(&engine),
+            path,
             what: Wait::Rx,
         }
         .await;
@@ -597,27 +679,29 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
         let res = op(sqe).await;
         let mut e = engine.borrow_mut();
         if res > 0 {
-            e.on_bytes(generation, &buf[..res as usize]);
+            e.on_bytes(path, generation, &buf[..res as usize]);
         } else if res != -libc::EINTR && res != -libc::EAGAIN {
-            e.on_socket_error(generation, res);
+            e.on_socket_error(path, generation, res);
         }
     }
 }
 
-/// The transmit task (runs for the queue thread's lifetime).
-pub async fn tx_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
+/// The transmit task of path `path` (runs for the queue thread's
+/// lifetime).
+pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
     // Leaked for the same reason as the receive buffer.
     let buf: &'static mut Vec<u8> = Box::leak(Box::new(Vec::with_capacity(2 * TX_LIMIT)));
     loop {
         let (generation, fd) = WaitFor {
             engine: Rc::clone(&engine),
+            path,
             what: Wait::Tx,
         }
         .await;
         buf.clear();
         {
             let mut e = engine.borrow_mut();
-            if let Some(c) = e.conn.as_mut() {
+            if let Some(c) = e.paths[path].conn.as_mut() {
                 c.queue.poll_transmit(buf, TX_LIMIT);
             }
             e.stats.sends.fetch_add(1, Ordering::Relaxed);
@@ -635,7 +719,7 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
             if res > 0 {
                 off += res as usize;
             } else if res != -libc::EINTR && res != -libc::EAGAIN {
-                engine.borrow_mut().on_socket_error(generation, res);
+                engine.borrow_mut().on_socket_error(path, generation, res);
                 break;
             }
         }

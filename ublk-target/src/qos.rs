@@ -27,19 +27,27 @@
 //!   flight, so a zero credit (or a share of zero when the credit is below
 //!   the number of queues) cannot deadlock; only then can the volume's
 //!   in-flight exceed the credit, by at most `n - 1`.
-//! - The FIFO is strict: a request is never overtaken, so a write cannot
-//!   pass an earlier one to the same blocks. The limiter's token is taken
-//!   once (`paid`), even if the credit gate then holds the request.
+//! - Held requests are released **by NVMe priority class** (issue 8):
+//!   they wait in a [`ClassArbiter`] with the volume's weights (commands
+//!   under WRR, bytes under DRR, urgent first) and aging, so nothing
+//!   starves. The arbiter picks the next request; that one (the *staged*
+//!   request) then waits for the limiter and the credit gate. Within a
+//!   class the order is FIFO. Reordering across classes is allowed: the
+//!   block layer promises no order among requests in flight together (a
+//!   file system waits for a write's completion before it issues one
+//!   that depends on it). The limiter's token is taken once (`paid`),
+//!   even if the credit gate then holds the request.
 //! - Flushes, discards and write-zeroes pass the limiter (cgroup's io.max
 //!   does not count them either) but take a credit: they occupy the
 //!   target like any command.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use qos_core::class_arbiter::{ArbiterConfig, ClassArbiter, QueueId};
 use qos_core::credit_gate::{CreditGate, CreditGateConfig, CreditMode, WindowSource};
+use qos_core::priority::NvmeClass;
 use qos_core::rate_limiter::{RateLimiter, RateLimits};
 use qos_core::{IoKind, Nanos};
 use serde::{Deserialize, Serialize};
@@ -243,6 +251,9 @@ struct QosCounters {
     wait_ns_max: AtomicU64,
     limiter_delays: AtomicU64,
     credit_waits: AtomicU64,
+    /// Per NVMe class (urgent..low): waiting now, admitted so far.
+    class_queued: [AtomicU64; 4],
+    class_admitted: [AtomicU64; 4],
 }
 
 /// What `status` shows of a volume's QoS.
@@ -287,6 +298,13 @@ pub struct QosSnapshot {
     pub rbps: u64,
     /// Write bytes/s limit.
     pub wbps: u64,
+    /// Per NVMe class, urgent to low: requests waiting in the local queue
+    /// now.
+    #[serde(default)]
+    pub class_queued: [u64; 4],
+    /// Per NVMe class: requests admitted to the target so far.
+    #[serde(default)]
+    pub class_admitted: [u64; 4],
 }
 
 impl VolumeQos {
@@ -358,6 +376,8 @@ impl VolumeQos {
             riops: cfg.limits.read_iops,
             wiops: cfg.limits.write_iops,
             rbps: cfg.limits.read_bps,
+            class_queued: s.class_queued.each_ref().map(g),
+            class_admitted: s.class_admitted.each_ref().map(g),
             wbps: cfg.limits.write_bps,
         }
     }
@@ -385,6 +405,7 @@ pub struct Ticket {
 struct Waiting<T> {
     item: T,
     class: Class,
+    prio: NvmeClass,
     bytes: u64,
     since: Nanos,
     paid: bool,
@@ -396,15 +417,21 @@ pub struct QueueQos<T> {
     gate: CreditGate,
     qid: u16,
     version: u64,
-    waiting: VecDeque<Waiting<T>>,
+    /// Held requests, released by class.
+    waiting: ClassArbiter<Waiting<T>>,
+    /// The request the arbiter chose last, waiting for the limiter and the
+    /// gate (or just pushed into an empty stage: nothing to arbitrate).
+    staged: Option<Waiting<T>>,
     timer: Option<Nanos>,
     /// Whether the head is known to wait for a credit (counted once).
     credit_blocked: bool,
 }
 
 impl<T> QueueQos<T> {
-    /// The stage of queue `qid` of the volume.
-    pub fn new(shared: Arc<VolumeQos>, qid: u16) -> Self {
+    /// The stage of queue `qid` of the volume; held requests are released
+    /// by class as `arbiter` says (an invalid one falls back to the
+    /// default: configs are validated before).
+    pub fn new(shared: Arc<VolumeQos>, qid: u16, arbiter: ArbiterConfig) -> Self {
         let cfg = shared.settings();
         let gate = CreditGate::new(&cfg.gate_config()).unwrap_or_else(|_| {
             CreditGate::new(&CreditGateConfig::default()).expect("default config is valid")
@@ -415,7 +442,10 @@ impl<T> QueueQos<T> {
             gate,
             qid,
             version,
-            waiting: VecDeque::new(),
+            waiting: ClassArbiter::new(arbiter).unwrap_or_else(|_| {
+                ClassArbiter::new(ArbiterConfig::default()).expect("default config is valid")
+            }),
+            staged: None,
             timer: None,
             credit_blocked: false,
         }
@@ -437,7 +467,7 @@ impl<T> QueueQos<T> {
 
     /// Requests waiting here.
     pub fn queued(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + usize::from(self.staged.is_some())
     }
 
     /// Requests admitted and not completed.
@@ -451,16 +481,24 @@ impl<T> QueueQos<T> {
         self.timer
     }
 
-    /// Queue a request.
-    pub fn push(&mut self, now: Nanos, item: T, class: Class, bytes: u64) {
-        self.waiting.push_back(Waiting {
+    /// Queue a request of NVMe class `prio`.
+    pub fn push(&mut self, now: Nanos, item: T, class: Class, bytes: u64, prio: NvmeClass) {
+        let w = Waiting {
             item,
             class,
+            prio,
             bytes,
             since: now,
             paid: false,
-        });
+        };
+        if self.staged.is_none() && self.waiting.is_empty() {
+            self.staged = Some(w);
+        } else {
+            // Queue 0 of each class: one ublk queue has one queue per class.
+            self.waiting.enqueue(now, QueueId(0), prio, bytes, w);
+        }
         let s = &self.shared.stats;
+        s.class_queued[prio.index()].fetch_add(1, Ordering::Relaxed);
         let q = s.queued.fetch_add(1, Ordering::Relaxed) + 1;
         s.queued_max.fetch_max(q, Ordering::Relaxed);
     }
@@ -475,7 +513,10 @@ impl<T> QueueQos<T> {
             self.gate
                 .set_mode(mode_from_code(self.shared.mode.load(Ordering::Acquire)));
         }
-        let head = self.waiting.front_mut()?;
+        if self.staged.is_none() {
+            self.staged = self.waiting.dequeue(now).map(|a| a.payload);
+        }
+        let head = self.staged.as_mut()?;
         let s = &self.shared.stats;
         let kind = match head.class {
             Class::Read => Some(IoKind::Read),
@@ -514,7 +555,9 @@ impl<T> QueueQos<T> {
             // exceed the window.
             return None;
         }
-        let w = self.waiting.pop_front()?;
+        let w = self.staged.take()?;
+        s.class_queued[w.prio.index()].fetch_sub(1, Ordering::Relaxed);
+        s.class_admitted[w.prio.index()].fetch_add(1, Ordering::Relaxed);
         let after = u64::from(self.gate.in_flight());
         if after > u64::from(share.max(1)) {
             s.over_credit.fetch_add(1, Ordering::Relaxed);
@@ -572,8 +615,14 @@ impl<T> QueueQos<T> {
 impl<T> Drop for QueueQos<T> {
     fn drop(&mut self) {
         let s = &self.shared.stats;
-        s.queued
-            .fetch_sub(self.waiting.len() as u64, Ordering::Relaxed);
+        s.queued.fetch_sub(self.queued() as u64, Ordering::Relaxed);
+        while let Some(w) = self
+            .staged
+            .take()
+            .or_else(|| self.waiting.dequeue(Nanos(u64::MAX / 2)).map(|a| a.payload))
+        {
+            s.class_queued[w.prio.index()].fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -581,9 +630,14 @@ impl<T> Drop for QueueQos<T> {
 mod tests {
     use super::*;
     use qos_core::credit::encode_credit_dw1;
+    use std::collections::VecDeque;
 
     fn stage(cfg: QosConfig, queues: u16, qid: u16) -> QueueQos<u32> {
-        QueueQos::new(Arc::new(VolumeQos::new(&cfg, queues)), qid)
+        QueueQos::new(
+            Arc::new(VolumeQos::new(&cfg, queues)),
+            qid,
+            ArbiterConfig::default(),
+        )
     }
 
     fn drain(q: &mut QueueQos<u32>, now: Nanos) -> Vec<(u32, Ticket)> {
@@ -599,7 +653,7 @@ mod tests {
         let mut q = stage(cfg, 1, 0);
         let now = Nanos(1_000);
         for i in 0..20 {
-            q.push(now, i, Class::Read, 4096);
+            q.push(now, i, Class::Read, 4096, NvmeClass::Medium);
         }
         // Initial window (8) until the target reports.
         let first = drain(&mut q, now);
@@ -632,6 +686,85 @@ mod tests {
         assert_eq!(snap.in_flight, 2);
     }
 
+    /// Requests held for credits leave by class: under DRR 4:1 by bytes
+    /// a high backlog of 4 KiB and a low backlog of 64 KiB get bytes in
+    /// about the weights' ratio, where plain FIFO would alternate
+    /// requests and give the large ones 16x the bytes; aging lets a low
+    /// request out after its threshold even under a high flood.
+    #[test]
+    fn held_requests_are_released_by_class_weights_and_aging() {
+        use qos_core::class_arbiter::ArbitrationMode;
+        let cfg = QosConfig {
+            credits: CreditMode::Target,
+            ..QosConfig::new()
+        };
+        let arb = ArbiterConfig {
+            mode: ArbitrationMode::Drr,
+            high_weight: 4,
+            medium_weight: 2,
+            low_weight: 1,
+            high_quantum_bytes: 4 * 32 * 1024,
+            medium_quantum_bytes: 2 * 32 * 1024,
+            low_quantum_bytes: 32 * 1024,
+            aging_threshold_us: 0,
+            ..ArbiterConfig::default()
+        };
+        let mut q = QueueQos::new(Arc::new(VolumeQos::new(&cfg, 1)), 0, arb);
+        // Credit 1: one in flight at a time, everything else is held.
+        let dw1 = encode_credit_dw1(1);
+        for i in 0..400u32 {
+            let (c, b, p) = if i % 2 == 0 {
+                (Class::Read, 4096, NvmeClass::High)
+            } else {
+                (Class::Read, 65536, NvmeClass::Low)
+            };
+            q.push(Nanos(0), i, c, b, p);
+        }
+        let (mut high, mut low) = (0u64, 0u64);
+        let mut now = Nanos(1);
+        // The first admission (nothing in flight) reports the credit.
+        let (_, t) = q.poll_admit(now).expect("idle queue admits one");
+        q.on_done(now, t, Some(dw1));
+        for _ in 0..150 {
+            now = Nanos(now.0 + 1000);
+            let (i, t) = q.poll_admit(now).expect("a credit is free");
+            assert!(q.poll_admit(now).is_none(), "credit 1 admits one");
+            if i % 2 == 0 {
+                high += 4096;
+            } else {
+                low += 65536;
+            }
+            q.on_done(now, t, Some(dw1));
+        }
+        let ratio = high as f64 / low as f64;
+        assert!((3.0..=5.5).contains(&ratio), "high/low bytes {ratio}");
+        let snap = q.shared().snapshot();
+        assert_eq!(snap.class_admitted.iter().sum::<u64>(), 151);
+        assert_eq!(
+            snap.class_queued.iter().sum::<u64>(),
+            q.queued() as u64,
+            "{snap:?}"
+        );
+
+        // Aging: a low request older than the threshold beats a flood.
+        let arb = ArbiterConfig {
+            aging_threshold_us: 1000,
+            ..ArbiterConfig::default()
+        };
+        let mut q = QueueQos::new(Arc::new(VolumeQos::new(&cfg, 1)), 0, arb);
+        q.push(Nanos(0), 0, Class::Read, 4096, NvmeClass::High);
+        q.push(Nanos(0), 1, Class::Read, 4096, NvmeClass::Low);
+        for i in 2..100 {
+            q.push(Nanos(0), i, Class::Read, 4096, NvmeClass::High);
+        }
+        let (first, t) = q.poll_admit(Nanos(1)).unwrap();
+        assert_eq!(first, 0);
+        q.on_done(Nanos(1), t, Some(dw1));
+        // 2 ms later the low request has aged past 1 ms.
+        let (next, _) = q.poll_admit(Nanos(2_000_000)).unwrap();
+        assert_eq!(next, 1, "aged low request goes first");
+    }
+
     #[test]
     fn zero_credit_still_lets_one_request_through() {
         let cfg = QosConfig {
@@ -639,11 +772,11 @@ mod tests {
             ..QosConfig::new()
         };
         let mut q = stage(cfg, 1, 0);
-        q.push(Nanos(0), 1, Class::Write, 4096);
+        q.push(Nanos(0), 1, Class::Write, 4096, NvmeClass::Medium);
         let (_, t) = q.poll_admit(Nanos(0)).unwrap();
         q.on_done(Nanos(10), t, Some(encode_credit_dw1(0)));
-        q.push(Nanos(10), 2, Class::Write, 4096);
-        q.push(Nanos(10), 3, Class::Write, 4096);
+        q.push(Nanos(10), 2, Class::Write, 4096, NvmeClass::Medium);
+        q.push(Nanos(10), 3, Class::Write, 4096, NvmeClass::Medium);
         let (i, t) = q.poll_admit(Nanos(10)).unwrap();
         assert_eq!(i, 2);
         assert!(q.poll_admit(Nanos(10)).is_none());
@@ -655,7 +788,7 @@ mod tests {
     fn shares_of_a_credit_add_up_to_it() {
         let shared = Arc::new(VolumeQos::new(&QosConfig::new(), 3));
         let qs: Vec<QueueQos<u32>> = (0..3)
-            .map(|i| QueueQos::new(Arc::clone(&shared), i))
+            .map(|i| QueueQos::new(Arc::clone(&shared), i, ArbiterConfig::default()))
             .collect();
         for w in [0u32, 1, 2, 3, 7, 64, 1000] {
             assert_eq!(qs.iter().map(|q| q.share(w)).sum::<u32>(), w);
@@ -667,7 +800,13 @@ mod tests {
     fn nvmet_completions_switch_auto_to_estimate() {
         let mut q = stage(QosConfig::new(), 1, 0);
         for i in 0..100u64 {
-            q.push(Nanos(i * 1000), i as u32, Class::Read, 4096);
+            q.push(
+                Nanos(i * 1000),
+                i as u32,
+                Class::Read,
+                4096,
+                NvmeClass::Medium,
+            );
             let (_, t) = q.poll_admit(Nanos(i * 1000)).unwrap();
             q.on_done(Nanos(i * 1000 + 500), t, Some(0));
         }
@@ -692,10 +831,10 @@ mod tests {
         };
         let mut q = stage(cfg, 1, 0);
         for i in 0..10 {
-            q.push(Nanos(0), i, Class::Read, 4096);
+            q.push(Nanos(0), i, Class::Read, 4096, NvmeClass::Medium);
         }
         // Flushes queued behind are not overtaking reads.
-        q.push(Nanos(0), 99, Class::Other, 0);
+        q.push(Nanos(0), 99, Class::Other, 0, NvmeClass::Medium);
         let mut now = Nanos(0);
         let mut got = Vec::new();
         let mut wakeups = 0;
@@ -730,7 +869,7 @@ mod tests {
         };
         let mut q = stage(cfg, 1, 0);
         for i in 0..5 {
-            q.push(Nanos(0), i, Class::Read, 4096);
+            q.push(Nanos(0), i, Class::Read, 4096, NvmeClass::Medium);
         }
         assert_eq!(drain(&mut q, Nanos(0)).len(), 1);
         assert_eq!(q.timer(), Some(Nanos::from_millis(100)));
@@ -747,7 +886,7 @@ mod tests {
         let off = apply_settings(&q.shared().settings(), &["credits=off"]).unwrap();
         q.shared().apply(Nanos(0), &off);
         for i in 0..2000 {
-            q.push(Nanos(0), i, Class::Read, 4096);
+            q.push(Nanos(0), i, Class::Read, 4096, NvmeClass::Medium);
         }
         assert_eq!(drain(&mut q, Nanos(0)).len(), 2000);
         assert_eq!(q.shared().snapshot().window_source, "unlimited");

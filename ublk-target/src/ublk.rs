@@ -26,6 +26,7 @@ use crate::error::Error;
 use crate::mapping::{self, DeviceParams, Op, Plan, ReqFlags};
 use crate::qos::Class;
 use crate::volume::Volume;
+use qos_core::priority::NvmeClass;
 
 /// The ublk control device; `UBLK_NVMF_CONTROL` overrides it (tests point
 /// it at a missing path to check the "no ublk_drv" message).
@@ -218,22 +219,27 @@ fn queue_main(qid: u16, dev: &UblkDev, vol: Arc<Volume>) {
     engine.borrow_mut().try_connect(Instant::now());
     let exe = smol::LocalExecutor::new();
     let mut tag_tasks = Vec::new();
+    let prio = Rc::new(RefCell::new(PrioReader { qid, reader: None }));
     for tag in q.tags() {
         let q = Rc::clone(&q);
         let bufs = Rc::clone(&bufs);
         let engine = Rc::clone(&engine);
         let vol = Arc::clone(&vol);
+        let prio = Rc::clone(&prio);
         tag_tasks.push(exe.spawn(async move {
-            match tag_task(&q, tag, &bufs[usize::from(tag)], &engine, &vol).await {
+            match tag_task(&q, tag, &bufs[usize::from(tag)], &engine, &vol, &prio).await {
                 Err(UblkError::QueueIsDown) | Ok(()) => {}
                 Err(e) => log::error!("ublk queue {qid} tag {tag}: {e}"),
             }
         }));
     }
-    exe.spawn(engine::rx_task(Rc::clone(&engine), uring_op))
-        .detach();
-    exe.spawn(engine::tx_task(Rc::clone(&engine), uring_op))
-        .detach();
+    let paths = engine.borrow().path_count();
+    for p in 0..paths {
+        exe.spawn(engine::rx_task(Rc::clone(&engine), p, uring_op))
+            .detach();
+        exe.spawn(engine::tx_task(Rc::clone(&engine), p, uring_op))
+            .detach();
+    }
     exe.spawn(engine::tick_task(Rc::clone(&engine), uring_op))
         .detach();
     exe.spawn(engine::pace_task(Rc::clone(&engine), uring_op))
@@ -247,12 +253,38 @@ fn queue_main(qid: u16, dev: &UblkDev, vol: Arc<Volume>) {
     }));
 }
 
+/// The ioprio side channel's reader of one ublk queue, created once the
+/// device is registered (after START_DEV; requests before that use the
+/// fallback class).
+struct PrioReader {
+    qid: u16,
+    reader: Option<ioprio_channel::QueueReader>,
+}
+
+impl PrioReader {
+    /// The NVMe class of the request that just arrived on `tag`.
+    fn class_of(&mut self, vol: &Volume, tag: u16) -> NvmeClass {
+        let pc = &vol.priority.config;
+        if self.reader.is_none() {
+            if !vol.priority.side_channel() {
+                return pc.class;
+            }
+            self.reader = vol.priority.reader(self.qid);
+        }
+        match self.reader.as_mut() {
+            Some(r) => r.take(tag).class(&pc.map, pc.class),
+            None => pc.class,
+        }
+    }
+}
+
 async fn tag_task(
     q: &UblkQueue<'_>,
     tag: u16,
     buf: &IoBuf<u8>,
     engine: &Rc<RefCell<Engine>>,
     vol: &Volume,
+    prio: &RefCell<PrioReader>,
 ) -> Result<(), UblkError> {
     q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(buf))
         .await?;
@@ -263,6 +295,10 @@ async fn tag_task(
         let op = Op::from_ublk(iod.op_flags & 0xff);
         let flags = ReqFlags::from_ublk(iod.op_flags);
         let nr_sectors = iod.nr_sectors;
+        // Read the side channel's slot for every request, even one
+        // completed locally, so the next request on this tag is not
+        // mistaken for this one.
+        let nvme_class = prio.borrow_mut().class_of(vol, tag);
         let plan = mapping::map_request(&geo, op, iod.start_sector, nr_sectors, flags);
         let res = match plan {
             Plan::Complete(r) => r,
@@ -286,9 +322,14 @@ async fn tag_task(
                     Op::Write => Class::Write,
                     _ => Class::Other,
                 };
-                engine
-                    .borrow_mut()
-                    .submit(tag, command, data, class, u64::from(nr_sectors) << 9);
+                engine.borrow_mut().submit(
+                    tag,
+                    command,
+                    data,
+                    class,
+                    u64::from(nr_sectors) << 9,
+                    nvme_class,
+                );
                 let ok = TagWait {
                     engine: Rc::clone(engine),
                     tag,
@@ -305,6 +346,9 @@ async fn tag_task(
                     n.fetch_add(1, Ordering::Relaxed);
                     if let Some(b) = b {
                         b.fetch_add(bytes, Ordering::Relaxed);
+                        let c = nvme_class.index();
+                        stats.class_ios[c].fetch_add(1, Ordering::Relaxed);
+                        stats.class_bytes[c].fetch_add(bytes, Ordering::Relaxed);
                     }
                 }
                 mapping::result_for(ok, nr_sectors)

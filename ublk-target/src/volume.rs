@@ -8,15 +8,18 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
+use ioprio_channel::{PriorityChannel, QueueReader, Registration};
 use nvmf_initiator::blocking::{ConnectOptions, Controller, HostIdentity};
 use nvmf_initiator::Arbitration;
+use qos_core::priority::NvmeClass;
 use serde::{Deserialize, Serialize};
 
 use crate::config::VolumeConfig;
 use crate::error::Error;
 use crate::mapping::Geometry;
+use crate::priority::{class_name, PriorityConfig, Source};
 use crate::qos::{QosSnapshot, VolumeQos};
 
 /// Counters of a volume (all queues), cheap to update from queue threads.
@@ -42,6 +45,10 @@ pub struct Stats {
     pub reconnects: AtomicU64,
     /// Socket sends (each carries one or more commands).
     pub sends: AtomicU64,
+    /// Per NVMe class (urgent..low): reads and writes completed.
+    pub class_ios: [AtomicU64; 4],
+    /// Per NVMe class: bytes read and written.
+    pub class_bytes: [AtomicU64; 4],
 }
 
 /// A point-in-time copy of [`Stats`] plus the volume's identity, as
@@ -82,6 +89,103 @@ pub struct StatsSnapshot {
     pub sends: u64,
     /// Client-side QoS: credits, rate limits, local queue.
     pub qos: QosSnapshot,
+    /// Priority classes: where they come from, per-class counters.
+    #[serde(default)]
+    pub priority: PrioritySnapshot,
+}
+
+/// What `status` shows of a volume's priority classes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct PrioritySnapshot {
+    /// `bpf`, `fixed`, or `fallback: <why>`.
+    pub mode: String,
+    /// The arbitration mechanism the target runs (CC.AMS).
+    pub arbitration: String,
+    /// The classes with an I/O queue of their own (per ublk queue).
+    pub queues: Vec<String>,
+    /// Per class, urgent to low.
+    pub classes: Vec<ClassCounters>,
+}
+
+/// Counters of one NVMe class.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct ClassCounters {
+    /// urgent, high, medium, low.
+    pub class: String,
+    /// Reads and writes completed.
+    pub ios: u64,
+    /// Bytes read and written.
+    pub bytes: u64,
+    /// Admitted to the target (every command, incl. flushes).
+    pub admitted: u64,
+    /// Waiting in the client's local queue now.
+    pub queued: u64,
+}
+
+/// A volume's priority state: the configuration, the side channel (when
+/// it loaded) and the device's registration with it.
+pub struct Priority {
+    /// `[priority]`.
+    pub config: PriorityConfig,
+    channel: Option<PriorityChannel>,
+    registration: OnceLock<Registration>,
+    mode: Mutex<String>,
+}
+
+impl Priority {
+    /// `channel`: the process's side channel, if it loaded; `mode` what
+    /// `status` shows for it.
+    pub fn new(config: PriorityConfig, channel: Option<PriorityChannel>, mode: String) -> Self {
+        let (channel, mode) = if config.source == Source::Fixed {
+            (None, format!("fixed ({})", class_name(config.class)))
+        } else {
+            (channel, mode)
+        };
+        Self {
+            config,
+            channel,
+            registration: OnceLock::new(),
+            mode: Mutex::new(mode),
+        }
+    }
+
+    /// Whether per-request priorities may be available.
+    pub fn side_channel(&self) -> bool {
+        self.channel.is_some()
+    }
+
+    /// What `status` shows.
+    pub fn mode(&self) -> String {
+        self.mode.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Start recording priorities for the live device `/dev/ublkb<dev_id>`
+    /// (called once the device is started: before that it has no
+    /// `dev_t`). On failure the volume stays on its fallback class and
+    /// `status` says why.
+    pub fn register(&self, dev_id: u32, queues: u16, depth: u16) {
+        let Some(ch) = &self.channel else {
+            return;
+        };
+        let name = format!("ublkb{dev_id}");
+        let r =
+            ioprio_channel::dev_t_of_name(&name).and_then(|dev| ch.register(dev, queues, depth));
+        match r {
+            Ok(reg) => {
+                let _ = self.registration.set(reg);
+            }
+            Err(e) => {
+                log::warn!("ioprio side channel: {name}: {e}; using the configured class");
+                *self.mode.lock().unwrap_or_else(|e| e.into_inner()) = format!("fallback: {e}");
+            }
+        }
+    }
+
+    /// A reader for ublk queue `qid`, once the device is registered.
+    pub fn reader(&self, qid: u16) -> Option<QueueReader> {
+        let reg = self.registration.get()?;
+        (qid < reg.nr_hw_queues()).then(|| reg.queue_reader(qid))
+    }
 }
 
 /// What a recovering server checks before it reattaches a device: the
@@ -116,32 +220,70 @@ pub struct Volume {
     pub stats: Arc<Stats>,
     /// Rate limiter, run-time QoS settings and QoS counters (all queues).
     pub qos: Arc<VolumeQos>,
+    /// Priority classes.
+    pub priority: Priority,
+    /// The classes with an I/O queue of their own, per ublk queue (the
+    /// engine's paths), most important first.
+    pub paths: Vec<NvmeClass>,
+    /// Per class (urgent..low): the index in `paths` of its queue.
+    pub class_path: [u8; 4],
+    /// The arbitration mechanism the target runs.
+    pub arbitration: Arbitration,
 }
 
 impl Volume {
     /// Connect the controller and identify the namespace. The first
     /// connection is not retried: an unreachable target, a wrong NQN or a
     /// refused host is reported at once.
-    pub fn connect(config: VolumeConfig, host: HostIdentity) -> Result<Self, Error> {
+    ///
+    /// `priority` decides which classes get an I/O queue: the classes in
+    /// use when the side channel is there, else only the fallback class;
+    /// and only one queue when the target runs round robin (classes mean
+    /// nothing to it).
+    pub fn connect(
+        config: VolumeConfig,
+        host: HostIdentity,
+        priority: Priority,
+    ) -> Result<Self, Error> {
         let addr = config
             .target
             .socket_addr()
             .map_err(|e| Error::Usage(format!("{}: {e}", config.target.address)))?;
         let mut opts = ConnectOptions::new(addr, &config.target.subnqn);
         opts.host = host.clone();
-        opts.io_queues = config.queues;
+        let pc = priority.config;
+        let mut classes = pc.classes_in_use(priority.side_channel());
+        opts.io_queues = config.queues.saturating_mul(classes.len() as u16);
         opts.queue_depth = config.queue_depth;
         opts.command_timeout = config.io_timeout;
         opts.kato = config.keep_alive;
         opts.reconnect = config.reconnect;
-        opts.arbitration = Arbitration::RoundRobin;
+        opts.arbitration = pc.arbitration();
+        opts.arbitration_feature = Some(pc.arbitration_feature());
+        let want = opts.io_queues;
         let ctrl = Controller::connect(opts)?;
         let info = ctrl.info();
-        if info.io_queues < config.queues {
+        if info.io_queues < want {
             return Err(Error::Usage(format!(
-                "the target grants {} I/O queues, the volume needs {} (io.queues)",
-                info.io_queues, config.queues
+                "the target grants {} I/O queues, the volume needs {want} (io.queues {} x {} priority classes)",
+                info.io_queues,
+                config.queues,
+                classes.len()
             )));
+        }
+        if !info.arbitration.uses_classes() && classes.len() > 1 {
+            log::warn!(
+                "{}: the target offers only round robin arbitration: one I/O queue per ublk queue; classes order only the client's held requests",
+                config.name
+            );
+            classes = vec![pc.class];
+        }
+        let mut class_path = [0u8; 4];
+        for c in NvmeClass::ALL {
+            // A class without a queue of its own uses the fallback class's.
+            let own = classes.iter().position(|x| *x == c);
+            let fallback = classes.iter().position(|x| *x == pc.class).unwrap_or(0);
+            class_path[c.index()] = own.unwrap_or(fallback) as u8;
         }
         let ns = ctrl.identify_namespace(config.target.nsid)?;
         let geometry = Geometry::new(&info, &ns);
@@ -164,14 +306,45 @@ impl Volume {
             identity,
             stats: Arc::new(Stats::default()),
             qos: Arc::new(VolumeQos::new(&config.qos, config.queues)),
+            priority,
+            paths: classes,
+            class_path,
+            arbitration: info.arbitration,
             config,
         })
+    }
+
+    fn priority_snapshot(&self, qos: &QosSnapshot) -> PrioritySnapshot {
+        let s = &self.stats;
+        PrioritySnapshot {
+            mode: self.priority.mode(),
+            arbitration: match self.arbitration {
+                Arbitration::RoundRobin => "round robin",
+                Arbitration::WeightedRoundRobin | Arbitration::PreferWeighted => {
+                    "weighted round robin"
+                }
+                Arbitration::VendorSpecific => "drr (vendor specific)",
+            }
+            .into(),
+            queues: self.paths.iter().map(|c| class_name(*c).into()).collect(),
+            classes: NvmeClass::ALL
+                .iter()
+                .map(|c| ClassCounters {
+                    class: class_name(*c).into(),
+                    ios: s.class_ios[c.index()].load(Ordering::Relaxed),
+                    bytes: s.class_bytes[c.index()].load(Ordering::Relaxed),
+                    admitted: qos.class_admitted[c.index()],
+                    queued: qos.class_queued[c.index()],
+                })
+                .collect(),
+        }
     }
 
     /// A snapshot of the counters.
     pub fn snapshot(&self, device: &str) -> StatsSnapshot {
         let s = &self.stats;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let qos = self.qos.snapshot();
         StatsSnapshot {
             volume: self.config.name.clone(),
             device: device.to_owned(),
@@ -189,7 +362,8 @@ impl Volume {
             inflight: g(&s.inflight),
             queue_failures: g(&s.reconnects),
             sends: g(&s.sends),
-            qos: self.qos.snapshot(),
+            priority: self.priority_snapshot(&qos),
+            qos,
         }
     }
 }
