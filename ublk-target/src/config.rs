@@ -2,9 +2,9 @@
 //!
 //! ```toml
 //! name = "vol0"
-//! [target]
-//! address = "127.0.0.1"
-//! port = 4420
+//! [target]                # one target namespace; or, for a mirrored
+//! address = "127.0.0.1"   # volume, one [[replica]] table per copy
+//! port = 4420             # (same keys) instead of [target]
 //! subnqn = "nqn.2026-01.io.gimbal:demo"
 //! nsid = 1
 //! [host]                  # optional: generated and persisted once if absent
@@ -26,12 +26,30 @@
 //! source = "ionice"       # ionice | fixed
 //! arbitration = "drr"     # auto | wrr | drr
 //! high_weight = 4
+//! [replication]           # only with [[replica]]; every key optional
+//! read_policy = "least-loaded"  # least-loaded | round-robin | primary
+//! resync_rate = "64m"     # bytes/s of background resync (k/m/g; 0: unlimited)
+//! region_size = "1m"      # bytes per write-intent bit (power of two)
+//! bitmap_dir = "/var/lib/ublk-nvmf"  # NAME.bitmap lives here
 //! ```
 //!
-//! Unknown keys are errors (a typo must not silently do nothing);
-//! `[[replica]]` is added here when replicated volumes are built.
+//! A replicated volume:
+//!
+//! ```toml
+//! name = "mirror0"
+//! [[replica]]             # replica 0: the primary
+//! address = "10.0.0.1"
+//! subnqn = "nqn.2026-01.io.gimbal:a"
+//! [[replica]]             # replica 1
+//! address = "10.0.0.2"
+//! subnqn = "nqn.2026-01.io.gimbal:b"
+//! ```
+//!
+//! Unknown keys are errors (a typo must not silently do nothing).
 //! Every error names the file, the line and the field
-//! ([`gimbal_target::config_error::ConfigError`]).
+//! ([`gimbal_target::config_error::ConfigError`]); a field of a replica is
+//! named `replica[i].key`, `i` counting from 0 in file order (the index
+//! `status` and the replica selector use).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -43,8 +61,10 @@ use nvmf_initiator::ReconnectPolicy;
 use serde::Deserialize;
 use toml::Spanned;
 
+use qos_core::replica::ReplicaPolicy;
+
 use crate::priority::{parse_class, Mechanism, PriorityConfig, Source};
-use crate::qos::{parse_mode, QosConfig};
+use crate::qos::{parse_amount, parse_mode, QosConfig};
 
 /// A parsed, checked volume configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,8 +74,16 @@ pub struct VolumeConfig {
     /// Volume name: `[A-Za-z0-9_.-]`, at most 64 characters (used in file
     /// names, the systemd instance and the udev symlink).
     pub name: String,
-    /// The target namespace.
+    /// The target namespace; for a replicated volume the first replica
+    /// (`replicas[0]`, the primary), so that single-target code paths keep
+    /// working unchanged.
     pub target: TargetSpec,
+    /// Every replica in file order, the first included; one element (equal
+    /// to `target`) for a volume given with `[target]`.
+    pub replicas: Vec<TargetSpec>,
+    /// `[replication]`: read policy, resync rate, write-intent bitmap.
+    /// Defaults when absent (and for single-target volumes, which ignore it).
+    pub replication: ReplicationConfig,
     /// Host identity from the file, if given.
     pub host: Option<HostIdentity>,
     /// ublk queues, each with its own thread and NVMe/TCP I/O queue.
@@ -74,7 +102,74 @@ pub struct VolumeConfig {
     pub priority: PriorityConfig,
 }
 
-/// One target namespace (a replica, once volumes have several).
+/// Most replicas a volume may have: a write goes to every one of them, and
+/// the write-intent log keeps one bitmap and one header entry per replica.
+pub const MAX_REPLICAS: usize = 16;
+
+/// `[replication]`: how a volume with several `[[replica]]` tables uses them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicationConfig {
+    /// How reads pick a replica (`read_policy`).
+    pub read_policy: ReplicaPolicy,
+    /// Bytes per second of background resync (`resync_rate`); 0: unlimited.
+    pub resync_rate_bps: u64,
+    /// Bytes of the volume covered by one write-intent bit (`region_size`).
+    pub region_size: u64,
+    /// Directory of the write-intent bitmap file `NAME.bitmap`
+    /// (`bitmap_dir`).
+    pub bitmap_dir: PathBuf,
+}
+
+impl ReplicationConfig {
+    /// Default resync rate: 64 MiB/s. A resync copies (reads one replica,
+    /// writes another) in the background while the volume serves its users;
+    /// 64 MiB/s is a few per cent of a data-centre NVMe SSD (2 to 7 GB/s)
+    /// and of a 10 to 25 Gbit/s link, so users hardly notice it, yet the few
+    /// regions a short outage dirties (seconds of writes) are copied in
+    /// seconds and a full copy of 1 TiB takes under 5 hours. Raise it for a
+    /// fast rejoin, lower it on a shared 1 Gbit/s link.
+    pub const DEFAULT_RESYNC_RATE_BPS: u64 = 64 << 20;
+    /// Default region: 1 MiB, md's common bitmap chunk order of magnitude: a
+    /// 1 TiB volume needs 128 KiB of bitmap per replica, and a short outage
+    /// dirties few enough regions that resync copies little beyond what was
+    /// written.
+    pub const DEFAULT_REGION_SIZE: u64 = 1 << 20;
+    /// Smallest region: 64 KiB (below it the bitmap of a large volume grows
+    /// past what is sensible to keep in memory and rewrite).
+    pub const MIN_REGION_SIZE: u64 = 64 << 10;
+    /// Largest region: 64 MiB (above it one small write costs a large copy).
+    pub const MAX_REGION_SIZE: u64 = 64 << 20;
+    /// Default directory of the bitmap files.
+    pub const DEFAULT_BITMAP_DIR: &'static str = "/var/lib/ublk-nvmf";
+
+    /// The write-intent bitmap file of volume `name`.
+    pub fn bitmap_path(&self, name: &str) -> PathBuf {
+        self.bitmap_dir.join(format!("{name}.bitmap"))
+    }
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            read_policy: ReplicaPolicy::LeastLoaded,
+            resync_rate_bps: Self::DEFAULT_RESYNC_RATE_BPS,
+            region_size: Self::DEFAULT_REGION_SIZE,
+            bitmap_dir: PathBuf::from(Self::DEFAULT_BITMAP_DIR),
+        }
+    }
+}
+
+/// The name of a read policy in the config (`least-loaded`, ...).
+pub fn read_policy_name(p: ReplicaPolicy) -> &'static str {
+    match p {
+        ReplicaPolicy::LeastLoaded => "least-loaded",
+        ReplicaPolicy::RoundRobin => "round-robin",
+        ReplicaPolicy::Primary => "primary",
+    }
+}
+
+/// One target namespace: the target of a single-target volume, or one
+/// replica of a replicated volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetSpec {
     /// Host name or IP.
@@ -101,7 +196,9 @@ impl TargetSpec {
 #[serde(deny_unknown_fields)]
 struct Raw {
     name: Spanned<String>,
-    target: RawTarget,
+    target: Option<RawTarget>,
+    replica: Option<Vec<RawTarget>>,
+    replication: Option<RawReplication>,
     host: Option<RawHost>,
     #[serde(default)]
     io: RawIo,
@@ -147,6 +244,24 @@ struct RawQos {
     wbps_burst: Option<Spanned<i64>>,
     estimate_latency_min_us: Option<Spanned<i64>>,
     estimate_latency_max_us: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplication {
+    read_policy: Option<Spanned<String>>,
+    resync_rate: Option<Spanned<Amount>>,
+    region_size: Option<Spanned<Amount>>,
+    bitmap_dir: Option<Spanned<String>>,
+}
+
+/// A byte count or rate written as a number or as a string with a k/m/g
+/// suffix (`"64m"`), as in `ublk-nvmf set`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Amount {
+    Number(i64),
+    Text(String),
 }
 
 #[derive(Deserialize)]
@@ -243,6 +358,11 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 impl VolumeConfig {
+    /// Whether the volume has more than one replica (`[[replica]]` tables).
+    pub fn is_replicated(&self) -> bool {
+        self.replicas.len() > 1
+    }
+
     /// Read and check `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
@@ -262,24 +382,8 @@ impl VolumeConfig {
                 "a volume name is 1 to 64 of [A-Za-z0-9_.-], not starting with a dot",
             ));
         }
-        let t = &raw.target;
-        if t.address.get_ref().trim().is_empty() {
-            return Err(cx.err(&t.address, "target.address", "must not be empty"));
-        }
-        let port = *t.port.get_ref();
-        if port == 0 || port > 65535 {
-            return Err(cx.err(&t.port, "target.port", "a TCP port is 1..=65535"));
-        }
-        if !t.subnqn.get_ref().starts_with("nqn.") || t.subnqn.get_ref().len() > 223 {
-            return Err(cx.err(
-                &t.subnqn,
-                "target.subnqn",
-                "an NQN starts with `nqn.` and has at most 223 bytes",
-            ));
-        }
-        if *t.nsid.get_ref() == 0 || *t.nsid.get_ref() == u32::MAX {
-            return Err(cx.err(&t.nsid, "target.nsid", "a namespace ID is 1..=FFFFFFFEh"));
-        }
+        let replicas = parse_targets(&cx, &raw)?;
+        let replication = parse_replication(&cx, &raw)?;
         let host = match &raw.host {
             None => None,
             Some(h) => {
@@ -341,12 +445,9 @@ impl VolumeConfig {
         Ok(Self {
             path: path.to_path_buf(),
             name: raw.name.get_ref().clone(),
-            target: TargetSpec {
-                address: t.address.get_ref().clone(),
-                port: port as u16,
-                subnqn: t.subnqn.get_ref().clone(),
-                nsid: *t.nsid.get_ref(),
-            },
+            target: replicas[0].clone(),
+            replicas,
+            replication,
             host,
             queues,
             queue_depth,
@@ -362,6 +463,207 @@ impl VolumeConfig {
             priority,
         })
     }
+}
+
+/// `[target]` or the `[[replica]]` tables, checked: exactly one of the two
+/// forms, at most [`MAX_REPLICAS`], no namespace twice.
+fn parse_targets(cx: &Ctx<'_>, raw: &Raw) -> Result<Vec<TargetSpec>, ConfigError> {
+    let list = raw.replica.as_deref().unwrap_or(&[]);
+    match (&raw.target, list.first()) {
+        (Some(_), Some(first)) => {
+            let mut e = cx.err(
+                &first.address,
+                "replica",
+                "give either [target] (one target) or [[replica]] tables (a replicated \
+                 volume), not both; to replicate the target, list it as the first [[replica]]",
+            );
+            e.field = "replica".into();
+            Err(e)
+        }
+        (Some(t), None) => Ok(vec![check_target(cx, t, "target")?]),
+        (None, None) => Err(ConfigError::whole_file(
+            cx.file,
+            "no target: give [target] (one target namespace) or one or more [[replica]] \
+             tables (a replicated volume)",
+        )),
+        (None, Some(_)) => {
+            if let Some(extra) = list.get(MAX_REPLICAS) {
+                let mut e = cx.err(
+                    &extra.address,
+                    "replica",
+                    format!("at most {MAX_REPLICAS} replicas"),
+                );
+                e.field = "replica".into();
+                return Err(e);
+            }
+            let mut out: Vec<TargetSpec> = Vec::with_capacity(list.len());
+            for (i, t) in list.iter().enumerate() {
+                let spec = check_target(cx, t, &format!("replica[{i}]"))?;
+                if let Some(j) = out.iter().position(|o| same_namespace(o, &spec)) {
+                    let mut e = cx.err(
+                        &t.subnqn,
+                        "subnqn",
+                        format!(
+                            "replica {i} is the same namespace as replica {j} ({}:{} {} nsid {}): \
+                             a mirror needs distinct namespaces",
+                            spec.address, spec.port, spec.subnqn, spec.nsid
+                        ),
+                    );
+                    e.field = format!("replica[{i}]");
+                    return Err(e);
+                }
+                out.push(spec);
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn same_namespace(a: &TargetSpec, b: &TargetSpec) -> bool {
+    a.address.eq_ignore_ascii_case(&b.address)
+        && a.port == b.port
+        && a.subnqn == b.subnqn
+        && a.nsid == b.nsid
+}
+
+/// One `[target]` or `[[replica]]` table; errors name `prefix.key`.
+fn check_target(cx: &Ctx<'_>, t: &RawTarget, prefix: &str) -> Result<TargetSpec, ConfigError> {
+    // The index of a replica is not in the source text, from which
+    // `ConfigError::at_span` derives field names: set the name here.
+    let err = |e: ConfigError, key: &str| {
+        let mut e = e;
+        e.field = format!("{prefix}.{key}");
+        e
+    };
+    if t.address.get_ref().trim().is_empty() {
+        return Err(err(
+            cx.err(&t.address, "address", "must not be empty"),
+            "address",
+        ));
+    }
+    let port = *t.port.get_ref();
+    if port == 0 || port > 65535 {
+        return Err(err(
+            cx.err(&t.port, "port", "a TCP port is 1..=65535"),
+            "port",
+        ));
+    }
+    let nqn = t.subnqn.get_ref();
+    if !nqn.starts_with("nqn.") || nqn.len() > 223 {
+        let msg = "an NQN starts with `nqn.` and has at most 223 bytes";
+        return Err(err(cx.err(&t.subnqn, "subnqn", msg), "subnqn"));
+    }
+    let nsid = *t.nsid.get_ref();
+    if nsid == 0 || nsid == u32::MAX {
+        let msg = "a namespace ID is 1..=FFFFFFFEh";
+        return Err(err(cx.err(&t.nsid, "nsid", msg), "nsid"));
+    }
+    Ok(TargetSpec {
+        address: t.address.get_ref().clone(),
+        port: port as u16,
+        subnqn: nqn.clone(),
+        nsid,
+    })
+}
+
+/// `[replication]`, checked; defaults when absent. Refused with `[target]`
+/// (one target has nothing to replicate: a key there would silently do
+/// nothing).
+fn parse_replication(cx: &Ctx<'_>, raw: &Raw) -> Result<ReplicationConfig, ConfigError> {
+    let mut c = ReplicationConfig::default();
+    let Some(r) = &raw.replication else {
+        return Ok(c);
+    };
+    let amount = |v: &Spanned<Amount>, field: &str, what: &str| -> Result<u64, ConfigError> {
+        let n = match v.get_ref() {
+            Amount::Number(n) => u64::try_from(*n).ok(),
+            Amount::Text(t) => parse_amount(t),
+        };
+        n.ok_or_else(|| {
+            cx.err(
+                v,
+                field,
+                format!("{what}: a number of bytes, k/m/g suffixes"),
+            )
+        })
+    };
+    if raw.target.is_some() {
+        let first = [
+            r.read_policy.as_ref().map(|s| s.span()),
+            r.resync_rate.as_ref().map(|s| s.span()),
+            r.region_size.as_ref().map(|s| s.span()),
+            r.bitmap_dir.as_ref().map(|s| s.span()),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|s| s.start);
+        let msg = "[replication] applies to [[replica]] tables; a volume with \
+                   [target] has one copy (remove the section, or list the target as \
+                   the first [[replica]])";
+        return Err(match first {
+            Some(span) => {
+                let mut e = ConfigError::at_span(cx.file, cx.source, span, None, msg);
+                e.field = "replication".into();
+                e
+            }
+            None => {
+                let mut e = ConfigError::whole_file(cx.file, msg);
+                e.field = "replication".into();
+                e
+            }
+        });
+    }
+    if let Some(p) = &r.read_policy {
+        c.read_policy = match p.get_ref().as_str() {
+            "least-loaded" => ReplicaPolicy::LeastLoaded,
+            "round-robin" => ReplicaPolicy::RoundRobin,
+            "primary" => ReplicaPolicy::Primary,
+            _ => {
+                return Err(cx.err(
+                    p,
+                    "replication.read_policy",
+                    "one of \"least-loaded\", \"round-robin\", \"primary\"",
+                ))
+            }
+        };
+    }
+    if let Some(v) = &r.resync_rate {
+        c.resync_rate_bps = amount(
+            v,
+            "replication.resync_rate",
+            "bytes per second (0: unlimited)",
+        )?;
+    }
+    if let Some(v) = &r.region_size {
+        let n = amount(v, "replication.region_size", "bytes")?;
+        if !n.is_power_of_two()
+            || !(ReplicationConfig::MIN_REGION_SIZE..=ReplicationConfig::MAX_REGION_SIZE)
+                .contains(&n)
+        {
+            return Err(cx.err(
+                v,
+                "replication.region_size",
+                format!(
+                    "{n} bytes: a region is a power of two from 64k to 64m \
+                     (default 1m)"
+                ),
+            ));
+        }
+        c.region_size = n;
+    }
+    if let Some(d) = &r.bitmap_dir {
+        let p = Path::new(d.get_ref());
+        if !p.is_absolute() {
+            return Err(cx.err(
+                d,
+                "replication.bitmap_dir",
+                "an absolute path (the server's working directory is not fixed); \
+                 keep it off the volume itself",
+            ));
+        }
+        c.bitmap_dir = p.to_path_buf();
+    }
+    Ok(c)
 }
 
 fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
@@ -643,6 +945,187 @@ queues = 2
             let e = parse(&format!("{GOOD}[priority]\n{bad}\n")).unwrap_err();
             assert_eq!((e.line, e.field.as_str()), (9, field), "{bad}: {e}");
         }
+    }
+
+    const MIRROR: &str = r#"
+name = "mirror0"
+[[replica]]
+address = "10.0.0.1"
+subnqn = "nqn.2026-01.io.gimbal:a"
+[[replica]]
+address = "10.0.0.2"
+port = 4421
+subnqn = "nqn.2026-01.io.gimbal:b"
+nsid = 2
+"#;
+
+    #[test]
+    fn a_single_target_is_the_only_replica() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.replicas, vec![c.target.clone()]);
+        assert!(!c.is_replicated());
+        assert_eq!(c.replication, ReplicationConfig::default());
+        assert_eq!(c.replication.read_policy, ReplicaPolicy::LeastLoaded);
+        assert_eq!(c.replication.resync_rate_bps, 64 << 20);
+        assert_eq!(c.replication.region_size, 1 << 20);
+        assert_eq!(
+            c.replication.bitmap_path("vol0"),
+            Path::new("/var/lib/ublk-nvmf/vol0.bitmap")
+        );
+    }
+
+    #[test]
+    fn replicas_parse_in_order_and_the_first_is_the_target() {
+        let c = parse(MIRROR).unwrap();
+        assert_eq!(c.replicas.len(), 2);
+        assert!(c.is_replicated());
+        assert_eq!(c.target, c.replicas[0]);
+        assert_eq!(c.replicas[0].address, "10.0.0.1");
+        assert_eq!((c.replicas[0].port, c.replicas[0].nsid), (4420, 1));
+        assert_eq!(c.replicas[1].subnqn, "nqn.2026-01.io.gimbal:b");
+        assert_eq!((c.replicas[1].port, c.replicas[1].nsid), (4421, 2));
+        assert_eq!(c.replication, ReplicationConfig::default());
+    }
+
+    #[test]
+    fn replication_section_parses() {
+        let c = parse(&format!(
+            "{MIRROR}[replication]\nread_policy = \"round-robin\"\nresync_rate = \"10m\"\n\
+             region_size = 65536\nbitmap_dir = \"/srv/bitmaps\"\n"
+        ))
+        .unwrap();
+        let r = &c.replication;
+        assert_eq!(r.read_policy, ReplicaPolicy::RoundRobin);
+        assert_eq!(r.resync_rate_bps, 10 << 20);
+        assert_eq!(r.region_size, 64 << 10);
+        assert_eq!(
+            r.bitmap_path("mirror0"),
+            Path::new("/srv/bitmaps/mirror0.bitmap")
+        );
+        for (text, policy) in [
+            ("least-loaded", ReplicaPolicy::LeastLoaded),
+            ("primary", ReplicaPolicy::Primary),
+        ] {
+            let c = parse(&format!(
+                "{MIRROR}[replication]\nread_policy = \"{text}\"\n"
+            ))
+            .unwrap();
+            assert_eq!(c.replication.read_policy, policy);
+            assert_eq!(read_policy_name(policy), text);
+        }
+        for (text, bps) in [
+            ("0", 0),
+            ("\"max\"", 0),
+            ("1048576", 1 << 20),
+            ("\"2g\"", 2 << 30),
+        ] {
+            let c = parse(&format!("{MIRROR}[replication]\nresync_rate = {text}\n")).unwrap();
+            assert_eq!(c.replication.resync_rate_bps, bps, "{text}");
+        }
+        let c = parse(&format!("{MIRROR}[replication]\nregion_size = \"64m\"\n")).unwrap();
+        assert_eq!(c.replication.region_size, 64 << 20);
+    }
+
+    #[test]
+    fn target_and_replicas_are_exclusive_and_one_is_required() {
+        let both = format!("{GOOD}{}", MIRROR.replace("name = \"mirror0\"\n", ""));
+        let e = parse(&both).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (10, "replica"), "{e}");
+        assert!(e.message.contains("not both"), "{e}");
+
+        let e = parse("name = \"vol0\"\n[io]\nqueues = 1\n").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (0, ""), "{e}");
+        assert!(e.message.contains("[[replica]]"), "{e}");
+        assert!(
+            e.to_string().starts_with("/etc/ublk-nvmf/vol0.toml: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn replica_errors_name_the_replica_line_and_field() {
+        for (from, to, line, field) in [
+            ("port = 4421", "port = 0", 8, "replica[1].port"),
+            ("nsid = 2", "nsid = 0", 10, "replica[1].nsid"),
+            ("\"10.0.0.2\"", "\" \"", 7, "replica[1].address"),
+            (
+                "\"nqn.2026-01.io.gimbal:a\"",
+                "\"x\"",
+                5,
+                "replica[0].subnqn",
+            ),
+        ] {
+            let e = parse(&MIRROR.replace(from, to)).unwrap_err();
+            assert_eq!((e.line, e.field.as_str()), (line, field), "{to}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("/etc/ublk-nvmf/vol0.toml:{line}:")),
+                "{e}"
+            );
+        }
+        // Missing and unknown keys come from the TOML parser.
+        let e = parse(&MIRROR.replace("subnqn = \"nqn.2026-01.io.gimbal:b\"\n", "")).unwrap_err();
+        assert!(e.field.contains("subnqn"), "{e}");
+        let e = parse(&MIRROR.replace("nsid = 2", "nsidd = 2")).unwrap_err();
+        assert_eq!(e.line, 10, "{e}");
+        assert!(e.field.contains("nsidd"), "{e}");
+    }
+
+    #[test]
+    fn the_same_namespace_twice_is_refused() {
+        let dup = MIRROR
+            .replace("\"10.0.0.2\"", "\"10.0.0.1\"")
+            .replace("port = 4421\n", "")
+            .replace("gimbal:b", "gimbal:a")
+            .replace("nsid = 2", "nsid = 1");
+        let e = parse(&dup).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (8, "replica[1]"), "{e}");
+        assert!(e.message.contains("same namespace as replica 0"), "{e}");
+        // Same subsystem, another namespace: fine.
+        let other_ns = dup.replace("nsid = 1", "nsid = 3");
+        assert_eq!(parse(&other_ns).unwrap().replicas[1].nsid, 3);
+    }
+
+    #[test]
+    fn at_most_max_replicas() {
+        let mut text = String::from("name = \"wide\"\n");
+        for i in 0..=MAX_REPLICAS {
+            text.push_str(&format!(
+                "[[replica]]\naddress = \"10.0.0.{i}\"\nsubnqn = \"nqn.x:{i}\"\n"
+            ));
+        }
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.field, "replica", "{e}");
+        assert_eq!(e.line, 2 + 3 * MAX_REPLICAS + 1, "{e}");
+        let ok = text[..text.rfind("[[replica]]").unwrap()].to_string();
+        assert_eq!(parse(&ok).unwrap().replicas.len(), MAX_REPLICAS);
+    }
+
+    #[test]
+    fn replication_errors_name_file_line_and_field() {
+        for (bad, field) in [
+            ("read_policy = \"fastest\"", "replication.read_policy"),
+            ("read_policy = \"least_loaded\"", "replication.read_policy"),
+            ("resync_rate = -1", "replication.resync_rate"),
+            ("resync_rate = \"fast\"", "replication.resync_rate"),
+            ("region_size = 100000", "replication.region_size"),
+            ("region_size = \"32k\"", "replication.region_size"),
+            ("region_size = \"128m\"", "replication.region_size"),
+            ("region_size = 0", "replication.region_size"),
+            ("bitmap_dir = \"var/lib\"", "replication.bitmap_dir"),
+        ] {
+            let e = parse(&format!("{MIRROR}[replication]\n{bad}\n")).unwrap_err();
+            assert_eq!((e.line, e.field.as_str()), (12, field), "{bad}: {e}");
+        }
+        let e = parse(&format!("{MIRROR}[replication]\nread_only = true\n")).unwrap_err();
+        assert!(e.field.contains("read_only"), "{e}");
+    }
+
+    #[test]
+    fn replication_with_a_single_target_is_refused() {
+        let e = parse(&format!("{GOOD}[replication]\nresync_rate = \"1m\"\n")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (9, "replication"), "{e}");
+        assert!(e.message.contains("[[replica]]"), "{e}");
     }
 
     #[test]
