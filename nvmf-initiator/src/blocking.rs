@@ -162,7 +162,8 @@ pub struct ConnectOptions {
     pub arbitration: Arbitration,
     /// Set Features Arbitration (FID 01h) dword 11 (HPW, MPW, LPW, burst)
     /// to send after every enable, so the weights survive a controller
-    /// reset; `None` leaves the controller's.
+    /// reset; `None` leaves the controller's. Not sent when the controller
+    /// runs round robin.
     pub arbitration_feature: Option<u32>,
 }
 
@@ -524,7 +525,13 @@ fn bring_up(conn: &mut Conn, opts: &ConnectOptions, discovery: bool) -> Result<C
         got.queue_pairs().min(u32::from(opts.io_queues.max(1))) as u16
     };
     let arbitration = opts.arbitration.resolve(&cap);
-    if let (Some(dw11), false) = (opts.arbitration_feature, discovery) {
+    // Weights mean nothing under round robin, and targets that offer only
+    // round robin (Linux nvmet) refuse the feature.
+    if let (Some(dw11), false, true) = (
+        opts.arbitration_feature,
+        discovery,
+        arbitration.uses_classes(),
+    ) {
         let sf = nvmf_proto::command::SetFeatures::new(feature_id::ARBITRATION, dw11);
         conn.exec_ok("Set Features Arbitration", sf.to_sqe(0), None)?;
     }

@@ -97,6 +97,9 @@ pub struct FakeConfig {
     pub digests: bool,
     /// CAP.MQES + 1.
     pub max_queue_depth: u16,
+    /// Offer only round robin (CAP.AMS 0) and refuse Set Features
+    /// Arbitration, as the Linux nvmet target does.
+    pub round_robin_only: bool,
     /// The injected fault.
     pub fault: Option<(Fault, Trigger)>,
 }
@@ -117,6 +120,7 @@ impl Default for FakeConfig {
             credit: None,
             digests: true,
             max_queue_depth: 64,
+            round_robin_only: false,
             fault: None,
         }
     }
@@ -476,7 +480,7 @@ impl FakeConnection {
             mqes: cfg.max_queue_depth - 1,
             timeout_500ms: 1,
             css: 1,
-            ams: 0b11,
+            ams: if cfg.round_robin_only { 0 } else { 0b11 },
             ..Default::default()
         };
         let cmd = match AdminCommand::parse(&sqe) {
@@ -572,6 +576,11 @@ impl FakeConnection {
                     ncq: n.ncq.min(7),
                 };
                 self.respond(Cqe::success(sqe.cid).with_dw0(granted.to_dword()));
+            }
+            AdminCommand::SetFeatures(f)
+                if f.fid == feature_id::ARBITRATION && cfg.round_robin_only =>
+            {
+                self.respond(Cqe::new(sqe.cid, Status::INVALID_FIELD))
             }
             AdminCommand::SetFeatures(_) => self.respond(Cqe::success(sqe.cid)),
             AdminCommand::KeepAlive => {

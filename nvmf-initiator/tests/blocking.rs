@@ -294,3 +294,25 @@ fn hooks_for_an_external_pump_follow_resets() {
     assert_ne!(cfg2.cntlid, cfg.cntlid, "a new controller after the reset");
     c.release_qid(cfg.qid);
 }
+
+/// A target that offers only round robin and refuses the Arbitration
+/// feature (as Linux nvmet does): asking for weighted arbitration "if
+/// offered" with weights still connects, on round robin, without sending
+/// the weights; asking for WRR outright is a clear error.
+#[test]
+fn round_robin_only_targets_get_no_weights() {
+    use nvmf_initiator::controller::Arbitration;
+    let (t, srv) = start(FakeConfig {
+        round_robin_only: true,
+        ..FakeConfig::default()
+    });
+    let mut o = opts(srv.addr(), &t);
+    o.arbitration = Arbitration::PreferWeighted;
+    o.arbitration_feature = Some(3 << 24 | 1 << 16 | 3);
+    let c = Controller::connect(o.clone()).expect("connects on round robin");
+    assert_eq!(c.info().arbitration, Arbitration::RoundRobin);
+    c.disconnect().expect("disconnect");
+    o.arbitration = Arbitration::WeightedRoundRobin;
+    let e = Controller::connect(o).err().expect("WRR is not offered");
+    assert!(e.to_string().contains("CAP.AMS"), "{e}");
+}
