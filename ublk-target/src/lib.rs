@@ -18,6 +18,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod histogram;
+pub mod intent_log;
 pub mod mapping;
 pub mod notify;
 pub mod priority;
