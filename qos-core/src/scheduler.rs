@@ -94,14 +94,22 @@ enum ListMembership {
     Deferred,
 }
 
+/// A tenant's position in the scheduler's dense tenant table: what the
+/// lists, the in-flight entries and candidates refer to, so that the hot
+/// path indexes a vector instead of searching the id map.
+type TenantIndex = u32;
+
 #[derive(Clone, Debug)]
 struct TenantState<T> {
+    id: TenantId,
     queues: Vec<VecDeque<Queued<T>>>,
     priority_cursor: usize,
     priority_turn_left: u32,
     deficit_bytes: u64,
     list: ListMembership,
-    slots: BTreeMap<u64, VirtualSlot>,
+    /// Slots held, by sequence number. At most a few (the allotment), so
+    /// a linear search beats a tree; the order is never observed.
+    slots: Vec<(u64, VirtualSlot)>,
     open_slot: Option<u64>,
     next_slot_seq: u64,
     queued: usize,
@@ -151,6 +159,8 @@ pub struct Candidate {
     pub id: RequestId,
     /// Its tenant.
     pub tenant: TenantId,
+    /// Its tenant's index in the dense table.
+    index: TenantIndex,
     /// Read or write: which token bucket must admit it.
     pub kind: IoKind,
     /// Its size in bytes: what the token bucket charges.
@@ -193,12 +203,84 @@ pub struct CompletedIo {
 
 #[derive(Clone, Copy, Debug)]
 struct InFlight {
-    tenant: TenantId,
+    tenant: TenantIndex,
     slot_seq: u64,
     kind: IoKind,
     bytes: u64,
     /// The dispatch time the switch gave (zero through `dispatch`).
     dispatched_at: Nanos,
+}
+
+/// The requests at the device, by id. Ids are handed out in sequence and
+/// requests complete roughly in order, so a direct-mapped table indexed by
+/// the id's low bits finds nearly every one at its place without hashing;
+/// an entry whose place is taken by a newer id (one request held at the
+/// device while `capacity` later ones went by) moves to a hash map. The
+/// table doubles, up to [`IN_FLIGHT_TABLE_MAX`] places, while it has fewer
+/// places than twice the requests in it. Only looked up and counted, never
+/// iterated: its layout cannot leak into decisions.
+#[derive(Clone, Debug, Default)]
+struct InFlightTable {
+    places: Vec<Option<(RequestId, InFlight)>>,
+    overflow: RequestMap<InFlight>,
+    len: usize,
+}
+
+/// Largest direct-mapped in-flight table (places); beyond it collisions
+/// go to the hash map.
+const IN_FLIGHT_TABLE_MAX: usize = 1 << 16;
+
+impl InFlightTable {
+    fn place(&self, id: RequestId) -> usize {
+        // Truncation intended: the low bits pick the place.
+        (id.0 as usize) & (self.places.len() - 1)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn insert(&mut self, id: RequestId, io: InFlight) {
+        if self.places.len() < IN_FLIGHT_TABLE_MAX && self.places.len() < 2 * (self.len + 1) {
+            self.grow();
+        }
+        let place = self.place(id);
+        if let Some((old_id, old)) = self.places[place].replace((id, io)) {
+            self.overflow.insert(old_id, old);
+        }
+        self.len += 1;
+    }
+
+    fn grow(&mut self) {
+        let size = (self.places.len() * 2).max(64);
+        let old = std::mem::replace(&mut self.places, vec![None; size]);
+        for (id, io) in old.into_iter().flatten() {
+            let place = self.place(id);
+            if let Some((other_id, other)) = self.places[place].replace((id, io)) {
+                self.overflow.insert(other_id, other);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: RequestId) -> Option<InFlight> {
+        let io = match self.places.is_empty() {
+            true => None,
+            false => {
+                let place = self.place(id);
+                match self.places[place] {
+                    Some((held, _)) if held == id => self.places[place].take().map(|(_, io)| io),
+                    _ => None,
+                }
+            }
+        };
+        let io = match io {
+            Some(io) => Some(io),
+            None if self.overflow.is_empty() => None,
+            None => self.overflow.remove(&id),
+        };
+        self.len -= usize::from(io.is_some());
+        io
+    }
 }
 
 /// Deficit round robin over tenants with virtual slots (Algorithm 2).
@@ -209,19 +291,30 @@ pub struct VirtualSlotScheduler<T> {
     quantum_bytes: u64,
     single_tenant_slots: u32,
     priority_weights: Vec<u32>,
-    tenants: BTreeMap<TenantId, TenantState<T>>,
-    active: VecDeque<TenantId>,
-    deferred: VecDeque<TenantId>,
+    /// Tenant states by [`TenantIndex`]; `None` for a removed tenant's
+    /// index until a new tenant reuses it.
+    tenants: Vec<Option<TenantState<T>>>,
+    /// Tenant id to index: looked up once per enqueue, iterated in id
+    /// order wherever order is observable.
+    index: BTreeMap<TenantId, TenantIndex>,
+    /// Indices of removed tenants, for reuse.
+    free: Vec<TenantIndex>,
+    active: VecDeque<TenantIndex>,
+    deferred: VecDeque<TenantIndex>,
     head_quantum_granted: bool,
-    in_flight: RequestMap<InFlight>,
+    in_flight: InFlightTable,
     next_request_id: u64,
     contending_tenants: usize,
+    /// `allotment(single_tenant_slots, contending_tenants)`, kept with the
+    /// count: asked several times per request, and it divides.
+    allotted: u32,
     queued_total: usize,
 }
 
 impl<T> TenantState<T> {
-    fn new(levels: usize) -> Self {
+    fn new(id: TenantId, levels: usize) -> Self {
         TenantState {
+            id,
             queues: (0..levels).map(|_| VecDeque::new()).collect(),
             // The first turn search starts after the cursor: start at the
             // last level so that level 0 is served first.
@@ -229,7 +322,7 @@ impl<T> TenantState<T> {
             priority_turn_left: 0,
             deficit_bytes: 0,
             list: ListMembership::Idle,
-            slots: BTreeMap::new(),
+            slots: Vec::new(),
             open_slot: None,
             next_slot_seq: 0,
             queued: 0,
@@ -248,6 +341,14 @@ impl<T> TenantState<T> {
         self.open_slot.is_some() || self.slots.len() < allotted_slots as usize
     }
 
+    /// The held slot with sequence number `seq`.
+    fn slot_mut(&mut self, seq: u64) -> Option<&mut VirtualSlot> {
+        self.slots
+            .iter_mut()
+            .find(|(s, _)| *s == seq)
+            .map(|(_, slot)| slot)
+    }
+
     /// The priority level to serve next and whether that starts a new turn.
     fn select_level(&self) -> Option<(usize, bool)> {
         let levels = self.queues.len();
@@ -255,7 +356,16 @@ impl<T> TenantState<T> {
             return Some((self.priority_cursor, false));
         }
         (1..=levels)
-            .map(|step| (self.priority_cursor + step) % levels)
+            .map(|step| {
+                // (cursor + step) mod levels without a division: both
+                // terms are at most `levels`.
+                let level = self.priority_cursor + step;
+                if level >= levels {
+                    level - levels
+                } else {
+                    level
+                }
+            })
             .find(|&level| !self.queues[level].is_empty())
             .map(|level| (level, true))
     }
@@ -287,59 +397,105 @@ impl<T> VirtualSlotScheduler<T> {
             quantum_bytes: config.drr_quantum_bytes,
             single_tenant_slots: config.single_tenant_slots,
             priority_weights: config.priority_weights.clone(),
-            tenants: BTreeMap::new(),
+            tenants: Vec::new(),
+            index: BTreeMap::new(),
+            free: Vec::new(),
             active: VecDeque::new(),
             deferred: VecDeque::new(),
             head_quantum_granted: false,
-            in_flight: RequestMap::default(),
+            in_flight: InFlightTable::default(),
             next_request_id: 0,
             contending_tenants: 0,
+            allotted: Self::allotment(config.single_tenant_slots, 0),
             queued_total: 0,
         })
     }
 
     /// Registers a tenant.
     pub fn add_tenant(&mut self, tenant: TenantId) -> Result<()> {
-        if self.tenants.contains_key(&tenant) {
+        if self.index.contains_key(&tenant) {
             return Err(QosError::DuplicateTenant(tenant));
         }
-        self.tenants
-            .insert(tenant, TenantState::new(self.priority_weights.len()));
+        let state = TenantState::new(tenant, self.priority_weights.len());
+        let index = match self.free.pop() {
+            Some(i) => {
+                self.tenants[i as usize] = Some(state);
+                i
+            }
+            None => {
+                self.tenants.push(Some(state));
+                TenantIndex::try_from(self.tenants.len() - 1).expect("fewer than 2^32 tenants")
+            }
+        };
+        self.index.insert(tenant, index);
         Ok(())
     }
 
     /// Forgets a tenant; it must have nothing queued or in flight.
     pub fn remove_tenant(&mut self, tenant: TenantId) -> Result<()> {
-        let state = self
-            .tenants
+        let &index = self
+            .index
             .get(&tenant)
             .ok_or(QosError::UnknownTenant(tenant))?;
+        let state = self.state(index);
         if state.is_contending() {
             return Err(QosError::TenantBusy(tenant));
         }
         debug_assert_eq!(state.list, ListMembership::Idle);
-        self.tenants.remove(&tenant);
+        self.index.remove(&tenant);
+        self.tenants[index as usize] = None;
+        self.free.push(index);
         Ok(())
     }
 
     /// Whether `tenant` is registered.
     pub fn has_tenant(&self, tenant: TenantId) -> bool {
-        self.tenants.contains_key(&tenant)
+        self.index.contains_key(&tenant)
     }
 
     /// Registered tenants in id order.
     pub fn tenant_ids(&self) -> impl Iterator<Item = TenantId> + '_ {
-        self.tenants.keys().copied()
+        self.index.keys().copied()
+    }
+
+    /// The state of a registered tenant's index.
+    fn state(&self, index: TenantIndex) -> &TenantState<T> {
+        self.tenants[index as usize]
+            .as_ref()
+            .expect("index of a registered tenant")
+    }
+
+    /// The state of a registered tenant's index, mutably.
+    fn state_mut(&mut self, index: TenantIndex) -> &mut TenantState<T> {
+        Self::state_in(&mut self.tenants, index)
+    }
+
+    /// [`state_mut`](Self::state_mut) borrowing only the table, so that
+    /// other fields stay usable.
+    fn state_in(tenants: &mut [Option<TenantState<T>>], index: TenantIndex) -> &mut TenantState<T> {
+        tenants[index as usize]
+            .as_mut()
+            .expect("index of a registered tenant")
+    }
+
+    /// The state of `tenant`, if registered.
+    fn state_of(&self, tenant: TenantId) -> Option<&TenantState<T>> {
+        self.index.get(&tenant).map(|&i| self.state(i))
     }
 
     /// Virtual slots each contending tenant may hold now.
     pub fn allotted_slots(&self) -> u32 {
-        Self::allotment(self.single_tenant_slots, self.contending_tenants)
+        self.allotted
     }
 
     fn allotment(single_tenant_slots: u32, contending: usize) -> u32 {
         let contending = u32::try_from(contending.max(1)).unwrap_or(u32::MAX);
         (single_tenant_slots / contending).max(1)
+    }
+
+    fn set_contending(&mut self, contending: usize) {
+        self.contending_tenants = contending;
+        self.allotted = Self::allotment(self.single_tenant_slots, contending);
     }
 
     /// Tenants with queued or in-flight I/O.
@@ -361,19 +517,24 @@ impl<T> VirtualSlotScheduler<T> {
     /// I/O count of its latest completed slot, counting the tenant itself
     /// as contending. Always at least 1, at most [`CREDIT_MAX`].
     pub fn credit(&self, tenant: TenantId) -> Option<u32> {
-        let state = self.tenants.get(&tenant)?;
-        let contending = self.contending_tenants + usize::from(!state.is_contending());
-        let slots = Self::allotment(self.single_tenant_slots, contending);
-        Some(
-            slots
-                .saturating_mul(state.last_completed_slot_ios.max(1))
-                .min(CREDIT_MAX),
-        )
+        Some(self.credit_of(self.state_of(tenant)?))
+    }
+
+    /// [`credit`](Self::credit) of a tenant's state.
+    fn credit_of(&self, state: &TenantState<T>) -> u32 {
+        let slots = if state.is_contending() {
+            self.allotted
+        } else {
+            Self::allotment(self.single_tenant_slots, self.contending_tenants + 1)
+        };
+        slots
+            .saturating_mul(state.last_completed_slot_ios.max(1))
+            .min(CREDIT_MAX)
     }
 
     /// A snapshot of one tenant's state.
     pub fn tenant_snapshot(&self, tenant: TenantId) -> Option<TenantSnapshot> {
-        let s = self.tenants.get(&tenant)?;
+        let s = self.state_of(tenant)?;
         Some(TenantSnapshot {
             queued: s.queued,
             in_flight: s.in_flight,
@@ -398,10 +559,11 @@ impl<T> VirtualSlotScheduler<T> {
     ) -> Result<RequestId> {
         let allotted = self.allotted_slots();
         let levels = self.priority_weights.len();
-        let state = self
-            .tenants
-            .get_mut(&tenant)
+        let &index = self
+            .index
+            .get(&tenant)
             .ok_or(QosError::UnknownTenant(tenant))?;
+        let state = Self::state_in(&mut self.tenants, index);
         let id = RequestId(self.next_request_id);
         self.next_request_id += 1;
         let level = usize::from(priority).min(levels - 1);
@@ -419,19 +581,19 @@ impl<T> VirtualSlotScheduler<T> {
         if state.list == ListMembership::Idle {
             if state.has_slot_room(allotted) {
                 state.list = ListMembership::Active;
-                self.active.push_back(tenant);
+                self.active.push_back(index);
             } else {
                 state.list = ListMembership::Deferred;
-                self.deferred.push_back(tenant);
+                self.deferred.push_back(index);
             }
         }
         if !was_contending {
-            self.contending_tenants += 1;
+            self.set_contending(self.contending_tenants + 1);
         }
         Ok(id)
     }
 
-    fn pop_active_front(&mut self) -> Option<TenantId> {
+    fn pop_active_front(&mut self) -> Option<TenantIndex> {
         self.head_quantum_granted = false;
         self.active.pop_front()
     }
@@ -445,11 +607,11 @@ impl<T> VirtualSlotScheduler<T> {
         let allotted = self.allotted_slots();
         let tenants = &mut self.tenants;
         let active = &mut self.active;
-        self.deferred.retain(|id| {
-            let state = tenants.get_mut(id).expect("deferred tenant exists");
+        self.deferred.retain(|&index| {
+            let state = Self::state_in(tenants, index);
             if state.has_slot_room(allotted) {
                 state.list = ListMembership::Active;
-                active.push_back(*id);
+                active.push_back(index);
                 false
             } else {
                 true
@@ -476,14 +638,15 @@ impl<T> VirtualSlotScheduler<T> {
         // Fast path, the common case: the first pass of the loop below
         // returns the active head's request. Same result, without the
         // loop bound's walk over every active tenant.
-        let &tenant = self.active.front()?;
-        let state = self.tenants.get_mut(&tenant).expect("active tenant exists");
+        let &index = self.active.front()?;
+        let state = Self::state_in(&mut self.tenants, index);
         if state.queued > 0 && state.has_slot_room(allotted) {
             let head = state.head().expect("queued > 0");
             let weighted_bytes = Self::weighted(head.kind, head.bytes, write_cost);
             let candidate = Candidate {
                 id: head.id,
-                tenant,
+                tenant: state.id,
+                index,
                 kind: head.kind,
                 bytes: head.bytes,
                 weighted_bytes,
@@ -510,15 +673,15 @@ impl<T> VirtualSlotScheduler<T> {
         let max_weighted = self
             .active
             .iter()
-            .filter_map(|id| self.tenants[id].head())
+            .filter_map(|&i| self.state(i).head())
             .map(|q| Self::weighted(q.kind, q.bytes, write_cost))
             .max()
             .unwrap_or(0);
         let visits_per_tenant = max_weighted / self.quantum_bytes + 2;
         let limit = (self.active.len() as u64).saturating_mul(visits_per_tenant) + 1;
         for _ in 0..limit {
-            let tenant = *self.active.front()?;
-            let state = self.tenants.get_mut(&tenant).expect("active tenant exists");
+            let index = *self.active.front()?;
+            let state = Self::state_in(&mut self.tenants, index);
             if state.queued == 0 {
                 state.list = ListMembership::Idle;
                 state.deficit_bytes = 0;
@@ -529,14 +692,15 @@ impl<T> VirtualSlotScheduler<T> {
                 state.list = ListMembership::Deferred;
                 state.deficit_bytes = 0;
                 self.pop_active_front();
-                self.deferred.push_back(tenant);
+                self.deferred.push_back(index);
                 continue;
             }
             let head = state.head().expect("queued > 0");
             let weighted_bytes = Self::weighted(head.kind, head.bytes, write_cost);
             let candidate = Candidate {
                 id: head.id,
-                tenant,
+                tenant: state.id,
+                index,
                 kind: head.kind,
                 bytes: head.bytes,
                 weighted_bytes,
@@ -552,7 +716,7 @@ impl<T> VirtualSlotScheduler<T> {
                 }
             }
             self.pop_active_front();
-            self.active.push_back(tenant);
+            self.active.push_back(index);
         }
         debug_assert!(false, "DRR loop bound reached");
         None
@@ -578,10 +742,7 @@ impl<T> VirtualSlotScheduler<T> {
     ) -> Dispatched<T> {
         let allotted = self.allotted_slots();
         let slot_size = self.slot_size_bytes;
-        let state = self
-            .tenants
-            .get_mut(&candidate.tenant)
-            .expect("candidate tenant exists");
+        let state = Self::state_in(&mut self.tenants, candidate.index);
         let request = state
             .pop_head(&self.priority_weights)
             .expect("candidate is queued");
@@ -593,12 +754,12 @@ impl<T> VirtualSlotScheduler<T> {
             None => {
                 let seq = state.next_slot_seq;
                 state.next_slot_seq += 1;
-                state.slots.insert(seq, VirtualSlot::default());
+                state.slots.push((seq, VirtualSlot::default()));
                 state.open_slot = Some(seq);
                 seq
             }
         };
-        let slot = state.slots.get_mut(&slot_seq).expect("open slot exists");
+        let slot = state.slot_mut(slot_seq).expect("open slot exists");
         slot.submits += 1;
         slot.weighted_bytes = slot.weighted_bytes.saturating_add(candidate.weighted_bytes);
         if slot.weighted_bytes >= slot_size {
@@ -617,12 +778,12 @@ impl<T> VirtualSlotScheduler<T> {
             state.list = ListMembership::Deferred;
             state.deficit_bytes = 0;
             self.pop_active_front();
-            self.deferred.push_back(candidate.tenant);
+            self.deferred.push_back(candidate.index);
         }
         self.in_flight.insert(
             request.id,
             InFlight {
-                tenant: candidate.tenant,
+                tenant: candidate.index,
                 slot_seq,
                 kind: request.kind,
                 bytes: request.bytes,
@@ -643,53 +804,61 @@ impl<T> VirtualSlotScheduler<T> {
     /// Records the completion of a dispatched request (Algorithm 2
     /// `SCHED_COMPLETE`): frees its slot when that was the slot's last I/O.
     pub fn complete(&mut self, id: RequestId) -> Result<CompletedIo> {
-        self.complete_dispatched(id).map(|(done, _)| done)
+        self.complete_dispatched(id).map(|(done, _, _)| done)
     }
 
     /// [`complete`](Self::complete), also returning the dispatch time given
-    /// to [`dispatch_candidate`](Self::dispatch_candidate).
-    pub(crate) fn complete_dispatched(&mut self, id: RequestId) -> Result<(CompletedIo, Nanos)> {
+    /// to [`dispatch_candidate`](Self::dispatch_candidate) and the tenant's
+    /// credit after the completion (what [`credit`](Self::credit) would
+    /// say, without looking the tenant up again).
+    pub(crate) fn complete_dispatched(
+        &mut self,
+        id: RequestId,
+    ) -> Result<(CompletedIo, Nanos, u32)> {
         let io = self
             .in_flight
-            .remove(&id)
+            .remove(id)
             .ok_or(QosError::UnknownRequest(id))?;
-        let state = self
-            .tenants
-            .get_mut(&io.tenant)
-            .expect("in-flight tenant exists");
+        let state = Self::state_in(&mut self.tenants, io.tenant);
         state.in_flight -= 1;
         state.stats.completed_ios += 1;
-        let slot = state
+        let position = state
             .slots
-            .get_mut(&io.slot_seq)
+            .iter()
+            .position(|(seq, _)| *seq == io.slot_seq)
             .expect("in-flight slot exists");
+        let slot = &mut state.slots[position].1;
         slot.completions += 1;
         let slot_completed = slot.full && slot.completions == slot.submits;
         if slot_completed {
             state.last_completed_slot_ios = slot.submits;
             state.stats.completed_slots += 1;
-            state.slots.remove(&io.slot_seq);
+            state.slots.swap_remove(position);
         }
+        let tenant = state.id;
+        let deferred = state.list == ListMembership::Deferred;
         if !state.is_contending() {
-            self.contending_tenants -= 1;
+            self.set_contending(self.contending_tenants - 1);
         }
-        if slot_completed && state.list == ListMembership::Deferred {
+        if slot_completed && deferred {
             let allotted = self.allotted_slots();
-            let state = self.tenants.get_mut(&io.tenant).expect("tenant exists");
+            let state = self.state_mut(io.tenant);
             if state.has_slot_room(allotted) {
                 state.list = ListMembership::Active;
                 self.deferred.retain(|t| *t != io.tenant);
                 self.active.push_back(io.tenant);
             }
         }
+        let credit = self.credit_of(self.state(io.tenant));
         Ok((
             CompletedIo {
-                tenant: io.tenant,
+                tenant,
                 kind: io.kind,
                 bytes: io.bytes,
                 slot_completed,
             },
             io.dispatched_at,
+            credit,
         ))
     }
 
@@ -697,9 +866,10 @@ impl<T> VirtualSlotScheduler<T> {
     pub fn check_invariants(&self) -> core::result::Result<(), String> {
         let mut contending = 0;
         let mut queued = 0;
-        for (id, s) in &self.tenants {
-            let on_active = self.active.iter().filter(|t| *t == id).count();
-            let on_deferred = self.deferred.iter().filter(|t| *t == id).count();
+        for (id, &index) in &self.index {
+            let s = self.state(index);
+            let on_active = self.active.iter().filter(|&&t| t == index).count();
+            let on_deferred = self.deferred.iter().filter(|&&t| t == index).count();
             let expected = match s.list {
                 ListMembership::Idle => (0, 0),
                 ListMembership::Active => (1, 0),
@@ -717,14 +887,14 @@ impl<T> VirtualSlotScheduler<T> {
             }
             if s.queued == 0 && s.list != ListMembership::Idle {
                 // Allowed transiently only for the active head before the next candidate pass.
-                if !(s.list == ListMembership::Active && self.active.front() == Some(id)) {
+                if !(s.list == ListMembership::Active && self.active.front() == Some(&index)) {
                     return Err(format!("{id}: empty but on a list"));
                 }
             }
             if s.list == ListMembership::Deferred && s.deficit_bytes != 0 {
                 return Err(format!("{id}: deferred with deficit {}", s.deficit_bytes));
             }
-            let in_slots: u32 = s.slots.values().map(|v| v.submits - v.completions).sum();
+            let in_slots: u32 = s.slots.iter().map(|(_, v)| v.submits - v.completions).sum();
             if in_slots as usize != s.in_flight {
                 return Err(format!(
                     "{id}: {} in flight but {in_slots} in slots",
@@ -732,7 +902,8 @@ impl<T> VirtualSlotScheduler<T> {
                 ));
             }
             if let Some(open) = s.open_slot {
-                if s.slots.get(&open).is_none_or_full() {
+                let slot = s.slots.iter().find(|(seq, _)| *seq == open).map(|(_, v)| v);
+                if slot.is_none_or_full() {
                     return Err(format!("{id}: open slot missing or full"));
                 }
             }

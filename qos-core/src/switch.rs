@@ -195,7 +195,7 @@ impl<T> GimbalSwitch<T> {
     /// and the tenant's slots, and returns the tenant's new credit.
     pub fn complete(&mut self, now: Nanos, id: RequestId) -> Result<SwitchCompletion> {
         // Fails on an unknown id before anything changes.
-        let (done, dispatched_at) = self.scheduler.complete_dispatched(id)?;
+        let (done, dispatched_at, credit) = self.scheduler.complete_dispatched(id)?;
         // Credit tokens earned at the old rate before the rate changes
         // (the scheduler's bookkeeping does not touch rate or write cost).
         self.refill(now);
@@ -211,7 +211,6 @@ impl<T> GimbalSwitch<T> {
                 self.write_cost.on_write_completion(now, ewma);
             }
         }
-        let credit = self.scheduler.credit(done.tenant).unwrap_or(1);
         Ok(SwitchCompletion {
             tenant: done.tenant,
             kind: done.kind,

@@ -28,11 +28,27 @@ use crate::types::IoKind;
 const TOKEN_EPSILON: f64 = 1e-6;
 
 /// Read and write token buckets sharing one target rate.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct DualTokenBucket {
     tokens: [f64; 2],
     capacity_bytes: f64,
     last_refill: Option<Nanos>,
+    /// The write cost the cached shares were computed for, and the shares
+    /// (read, write) it gives: the write cost changes at most every few
+    /// milliseconds, so two divisions per refill are saved. The cache holds
+    /// exactly what [`share`] returns, so results are bit for bit the same.
+    shares_for: f64,
+    shares: [f64; 2],
+}
+
+/// Equal when balances, capacity and last refill are (the share cache is
+/// not state).
+impl PartialEq for DualTokenBucket {
+    fn eq(&self, other: &Self) -> bool {
+        self.tokens == other.tokens
+            && self.capacity_bytes == other.capacity_bytes
+            && self.last_refill == other.last_refill
+    }
 }
 
 /// Fraction of generated tokens that goes to `kind`'s bucket.
@@ -59,7 +75,22 @@ impl DualTokenBucket {
             tokens: [capacity, capacity],
             capacity_bytes: capacity,
             last_refill: None,
+            shares_for: 1.0,
+            shares: [share(IoKind::Read, 1.0), share(IoKind::Write, 1.0)],
         }
+    }
+
+    /// The (read, write) shares of generated tokens at `write_cost`.
+    fn shares(&mut self, write_cost: f64) -> [f64; 2] {
+        // Bitwise, so that a NaN is recomputed rather than matched.
+        if write_cost.to_bits() != self.shares_for.to_bits() {
+            self.shares_for = write_cost;
+            self.shares = [
+                share(IoKind::Read, write_cost),
+                share(IoKind::Write, write_cost),
+            ];
+        }
+        self.shares
     }
 
     /// Adds the tokens generated since the previous refill at
@@ -76,11 +107,12 @@ impl DualTokenBucket {
         if elapsed_ns == 0 || target_rate_bps <= 0.0 {
             return;
         }
-        let generated = target_rate_bps * elapsed_ns as f64 / NANOS_PER_SEC as f64;
         let cap = self.capacity_bytes;
+        let generated = target_rate_bps * elapsed_ns as f64 / NANOS_PER_SEC as f64;
+        let [read_share, write_share] = self.shares(write_cost);
         let [mut read, mut write] = self.tokens;
-        read += generated * share(IoKind::Read, write_cost);
-        write += generated * share(IoKind::Write, write_cost);
+        read += generated * read_share;
+        write += generated * write_share;
         if read > cap {
             write += read - cap;
             read = cap;
