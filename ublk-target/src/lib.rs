@@ -23,6 +23,7 @@ pub mod mapping;
 pub mod notify;
 pub mod priority;
 pub mod qos;
+pub mod replicas;
 pub mod resync;
 pub mod state;
 pub mod ublk;
