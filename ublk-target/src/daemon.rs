@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use ublk_target::config::{persistent_host_identity, VolumeConfig};
+use ublk_target::replication::Copier;
 use ublk_target::state::{self, DeviceState};
 use ublk_target::ublk::{self, DevState, Serve};
 use ublk_target::volume::Volume;
@@ -154,6 +155,28 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
         }
         log::warn!("volume {}: {device} is live", st.volume);
     });
+    // Replicated volumes: the manager fences, reconnects and resyncs
+    // replicas in the background.
+    let manager_stop = Arc::new(AtomicBool::new(false));
+    let manager = vol.replication.is_some().then(|| {
+        let v = Arc::clone(&vol);
+        let st = Arc::clone(&manager_stop);
+        std::thread::Builder::new()
+            .name("replication".into())
+            .spawn(move || {
+                let copiers: Vec<Copier<'_>> = v
+                    .targets
+                    .iter()
+                    .map(|t| Copier {
+                        ctrl: &t.ctrl,
+                        nsid: t.spec.nsid,
+                    })
+                    .collect();
+                if let Some(rep) = &v.replication {
+                    rep.run_manager(&copiers, v.geometry.block_size, &st);
+                }
+            })
+    });
     let res = ublk::serve(
         Serve {
             volume: Arc::clone(&vol),
@@ -162,7 +185,15 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
         },
         on_live,
     );
+    manager_stop.store(true, Ordering::Release);
+    if let Some(Ok(h)) = manager {
+        let _ = h.join();
+    }
     if stop.load(Ordering::SeqCst) {
+        if let (Some(rep), true) = (&vol.replication, res.is_ok()) {
+            // Every request was answered before the device went away.
+            rep.close_clean();
+        }
         state::remove(&dir, &name);
     }
     res?;
@@ -317,6 +348,33 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
             limit(q.wbps),
             format_priority(&s.priority)
         )
+        + &format_replicas(s)
+}
+
+fn format_replicas(s: &ublk_target::volume::StatsSnapshot) -> String {
+    let mut out = String::new();
+    for (i, r) in s.replicas.iter().enumerate() {
+        out += &format!(
+            "  replica {i}: {} {} ({}), reads {}, dirty regions {}",
+            r.target,
+            r.status.state,
+            if r.connected {
+                "connected"
+            } else {
+                "disconnected"
+            },
+            r.reads,
+            r.status.dirty_regions
+        );
+        if r.status.state == "resyncing" {
+            out += &format!(
+                ", resync copied {} bytes, {} regions left",
+                r.status.resync_bytes, r.status.resync_regions_left
+            );
+        }
+        out += "\n";
+    }
+    out
 }
 
 fn format_priority(p: &ublk_target::volume::PrioritySnapshot) -> String {

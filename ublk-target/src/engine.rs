@@ -31,6 +31,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -43,7 +44,7 @@ use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
 
 use crate::priority::{class_name, connect_class};
-use crate::qos::{Class, QueueQos, Ticket};
+use crate::qos::{bits, Class, QueueQos, Route, Ticket};
 use crate::volume::{Stats, Volume};
 
 /// Period of the housekeeping timer.
@@ -101,8 +102,10 @@ struct Conn {
 }
 
 /// One NVMe/TCP I/O queue of the engine: the queue of one priority class
-/// (its Connect carries the class in CATTR).
+/// on one target (its Connect carries the class in CATTR).
 struct Path {
+    /// Index of the target (replica) in `Volume::targets`.
+    replica: usize,
     class: NvmeClass,
     qid: Option<u16>,
     /// Controller epoch the connection belongs to.
@@ -118,69 +121,142 @@ struct Path {
     last_attempt: Option<Instant>,
 }
 
+/// A request between the ublk tag and its NVMe commands: what the QoS
+/// stage holds, and what each replica's command is built from.
+#[derive(Clone)]
+struct Pending {
+    tag: u16,
+    command: Command,
+    /// The tag's buffer (pointer, length) when data travels.
+    buf: Option<(*mut u8, usize)>,
+}
+
+/// Per tag: the request in the engine.
+#[derive(Default)]
+struct TagState {
+    /// Admitted: the QoS ticket (its replica mask shrinks as parts end).
+    ticket: Option<Ticket>,
+    pending: Option<Pending>,
+    prio: Option<NvmeClass>,
+    /// Bytes of the volume a write, discard or write-zeroes changes (the
+    /// intent log's unit), with the replicas it was sent to.
+    write: Option<(Range<u64>, u32)>,
+    /// Some part failed for good.
+    failed: bool,
+}
+
 /// The engine of one ublk queue; see the module documentation.
 pub struct Engine {
     volume: Arc<Volume>,
     stats: Arc<Stats>,
-    /// One per class with a queue of its own (`Volume::paths`).
+    /// One per (target, class with a queue of its own).
     paths: Vec<Path>,
-    /// Rate limiter, credit gate and class arbitration in front of the
-    /// NVMe queues.
-    qos: QueueQos<Request<TagBuf>>,
-    /// Per tag: the QoS ticket of an admitted request.
-    tickets: Vec<Option<Ticket>>,
-    /// Per tag: the path its request goes to.
-    tag_path: Vec<u8>,
+    /// Path of (target r, class c): `path_of[r * 4 + c.index()]`.
+    path_of: Vec<u8>,
+    /// Rate limiter, credit gates, class arbitration and replica choice in
+    /// front of the NVMe queues.
+    qos: QueueQos<Pending>,
+    tags: Vec<TagState>,
     pace_waker: Option<Waker>,
     /// Per tag: the outcome once known (true: success).
     results: Vec<Option<bool>>,
     wakers: Vec<Option<Waker>>,
 }
 
+/// `command` addressed to namespace `nsid` (each replica has its own).
+fn with_nsid(command: Command, nsid: u32) -> Command {
+    match command {
+        Command::Read {
+            slba, block_size, ..
+        } => Command::Read {
+            nsid,
+            slba,
+            block_size,
+        },
+        Command::Write {
+            slba,
+            block_size,
+            fua,
+            ..
+        } => Command::Write {
+            nsid,
+            slba,
+            block_size,
+            fua,
+        },
+        Command::Flush { .. } => Command::Flush { nsid },
+        Command::WriteZeroes {
+            slba,
+            blocks,
+            deallocate,
+            ..
+        } => Command::WriteZeroes {
+            nsid,
+            slba,
+            blocks,
+            deallocate,
+        },
+        Command::Raw(mut sqe) => {
+            sqe.nsid = nsid;
+            Command::Raw(sqe)
+        }
+    }
+}
+
 impl Engine {
     /// An engine for ublk queue `qid` of `depth` tags; not connected yet.
     pub fn new(volume: Arc<Volume>, qid: u16, depth: u16) -> Self {
         let stats = Arc::clone(&volume.stats);
-        let qos = QueueQos::new(
+        let policy = volume.config.replication.read_policy;
+        let qos = QueueQos::replicated(
             Arc::clone(&volume.qos),
             qid,
             volume.priority.config.arbiter(),
+            volume.targets.len(),
+            policy,
         );
-        let paths = volume
-            .paths
-            .iter()
-            .map(|&class| Path {
-                class,
-                qid: None,
-                epoch: 0,
-                conn: None,
-                generation: 0,
-                held: VecDeque::new(),
-                tx_waker: None,
-                rx_waker: None,
-                last_attempt: None,
-            })
-            .collect();
+        let mut paths = Vec::new();
+        let mut path_of = vec![0u8; volume.targets.len() * 4];
+        for (r, t) in volume.targets.iter().enumerate() {
+            let base = paths.len();
+            for &class in &t.classes {
+                paths.push(Path {
+                    replica: r,
+                    class,
+                    qid: None,
+                    epoch: 0,
+                    conn: None,
+                    generation: 0,
+                    held: VecDeque::new(),
+                    tx_waker: None,
+                    rx_waker: None,
+                    last_attempt: None,
+                });
+            }
+            for c in NvmeClass::ALL {
+                path_of[r * 4 + c.index()] = (base + usize::from(t.class_path[c.index()])) as u8;
+            }
+        }
         Self {
             qos,
-            tickets: vec![None; usize::from(depth)],
-            tag_path: vec![0; usize::from(depth)],
+            tags: (0..depth).map(|_| TagState::default()).collect(),
             pace_waker: None,
             volume,
             stats,
             paths,
+            path_of,
             results: vec![None; usize::from(depth)],
             wakers: vec![None; usize::from(depth)],
         }
     }
 
-    /// How many NVMe/TCP queues (one per class in use) this engine runs;
-    /// the queue thread starts an rx and a tx task per path.
+    /// How many NVMe/TCP queues (targets x classes in use) this engine
+    /// runs; the queue thread starts an rx and a tx task per path.
     pub fn path_count(&self) -> usize {
         self.paths.len()
     }
 
-    /// Connect every path (blocking, bounded) if the controller is live;
+    /// Connect every path (blocking, bounded) if its controller is live;
     /// on failure the tick retries.
     pub fn try_connect(&mut self, now: Instant) {
         for p in 0..self.paths.len() {
@@ -190,16 +266,24 @@ impl Engine {
 
     fn try_connect_path(&mut self, p: usize, now: Instant) {
         let vol = Arc::clone(&self.volume);
+        let r = self.paths[p].replica;
+        let target = &vol.targets[r];
         let path = &mut self.paths[p];
         if path.conn.is_some() {
             return;
         }
-        let ctrl = &vol.ctrl;
+        let ctrl = &target.ctrl;
         if !ctrl.is_live() {
             return;
         }
         if let Some(t) = path.last_attempt {
             if now.duration_since(t) < vol.config.reconnect.reconnect_delay.min(TICK * 20) {
+                return;
+            }
+        }
+        if let Some(rep) = &vol.replication {
+            // Out of sync, or fenced: the manager says when it may return.
+            if !rep.may_connect(r) {
                 return;
             }
         }
@@ -218,7 +302,7 @@ impl Engine {
                 }
             },
         };
-        match connect_blocking(vol.addr, cfg) {
+        match connect_blocking(target.addr, cfg) {
             Ok((sock, queue)) => {
                 path.epoch = epoch;
                 path.generation += 1;
@@ -231,19 +315,19 @@ impl Engine {
                 });
                 path.last_attempt = None;
                 let now = Instant::now();
-                for r in held {
+                for req in held {
                     let c = self.paths[p].conn.as_mut().expect("just connected");
-                    if let Err(rej) = c.queue.submit(now, r) {
+                    if let Err(rej) = c.queue.submit(now, req) {
                         // A fresh queue refuses only what it can never
                         // send (e.g. larger than the new limits).
                         let tag = rej.request.user_data as usize;
-                        self.finish(tag, false);
+                        self.part_failed(tag, r);
                     }
                 }
                 let path = &mut self.paths[p];
                 if epoch > 0 || n > 0 {
                     log::info!(
-                        "{}: I/O queue {} ({}) connected (controller epoch {epoch}), {n} requests resubmitted",
+                        "{}: I/O queue {} ({}, target {r}) connected (controller epoch {epoch}), {n} requests resubmitted",
                         vol.config.name,
                         cfg_qid(path),
                         class_name(path.class),
@@ -261,7 +345,9 @@ impl Engine {
     }
 
     /// Queue a request for tag `tag`: `class` and `bytes` are what the
-    /// rate limiter charges, `prio` is its NVMe priority class.
+    /// rate limiter charges, `prio` is its NVMe priority class, `write`
+    /// the volume bytes a write, discard or write-zeroes changes.
+    #[allow(clippy::too_many_arguments)]
     pub fn submit(
         &mut self,
         tag: u16,
@@ -270,35 +356,93 @@ impl Engine {
         class: Class,
         bytes: u64,
         prio: NvmeClass,
+        write: Option<Range<u64>>,
     ) {
         self.stats.inflight.fetch_add(1, Ordering::Relaxed);
-        if let Some(p) = self.tag_path.get_mut(usize::from(tag)) {
-            *p = self.volume.class_path[prio.index()];
-        }
-        let req = Request {
+        let t = usize::from(tag);
+        let pending = Pending {
+            tag,
             command,
-            buf,
-            user_data: u64::from(tag),
+            buf: buf.map(|b| (b.ptr, b.len)),
+        };
+        self.tags[t] = TagState {
+            prio: Some(prio),
+            write: write.map(|r| (r, 0)),
+            ..TagState::default()
         };
         let now = self.qos.shared().now(Instant::now());
-        self.qos.push(now, req, class, bytes, prio);
+        self.qos.push(now, pending, class, bytes, prio);
         self.pump(now);
+    }
+
+    fn route(&self) -> Route {
+        match &self.volume.replication {
+            Some(rep) => rep.route(),
+            None => Route::SINGLE,
+        }
     }
 
     /// Send what the QoS stage admits now; arm the pacing timer if the
     /// limiter holds the head back.
     fn pump(&mut self, now: qos_core::Nanos) {
-        while let Some((req, ticket)) = self.qos.poll_admit(now) {
-            let tag = req.user_data as usize;
-            if let Some(t) = self.tickets.get_mut(tag) {
-                *t = Some(ticket);
-            }
-            let p = usize::from(self.tag_path.get(tag).copied().unwrap_or(0));
-            self.send_on(p, Instant::now(), req);
+        loop {
+            let route = self.route();
+            let Some((pending, ticket)) = self.qos.poll_admit_routed(now, route) else {
+                break;
+            };
+            self.dispatch(pending, ticket);
         }
         if self.qos.timer().is_some() {
             wake(&mut self.pace_waker);
         }
+    }
+
+    /// Send an admitted request to each replica of its ticket.
+    fn dispatch(&mut self, pending: Pending, ticket: Ticket) {
+        let t = usize::from(pending.tag);
+        let mask = ticket.replicas();
+        if let (Some((range, sent)), Some(rep)) =
+            (self.tags[t].write.as_mut(), &self.volume.replication)
+        {
+            *sent = mask;
+            if let Err(e) = rep.before_write(range, mask) {
+                // The intent log cannot record what a replica misses: the
+                // write must not go anywhere.
+                log::error!("{}: {e}; failing the write", self.volume.config.name);
+                self.tags[t].ticket = Some(ticket);
+                self.tags[t].failed = true;
+                let mut tk = ticket;
+                for r in bits(mask) {
+                    self.qos.release(&mut tk, r);
+                }
+                self.tags[t].ticket = Some(tk);
+                self.maybe_finish(t);
+                return;
+            }
+        }
+        self.tags[t].ticket = Some(ticket);
+        self.tags[t].pending = Some(pending.clone());
+        let now = Instant::now();
+        for r in bits(mask) {
+            self.send_part(&pending, r, now);
+        }
+    }
+
+    /// Send replica `r`'s command of `pending` on its path.
+    fn send_part(&mut self, pending: &Pending, r: usize, now: Instant) {
+        let t = usize::from(pending.tag);
+        let prio = self.tags[t].prio.unwrap_or(NvmeClass::Medium);
+        let nsid = self.volume.targets[r].spec.nsid;
+        let req = Request {
+            command: with_nsid(pending.command, nsid),
+            // SAFETY: the tag's buffer outlives the engine and is ours
+            // until the tag completes (see `TagBuf`); replicas only read
+            // it for writes, and a read has one replica.
+            buf: pending.buf.map(|(p, l)| unsafe { TagBuf::new(p, l) }),
+            user_data: u64::from(pending.tag),
+        };
+        let p = usize::from(self.path_of[r * 4 + prio.index()]);
+        self.send_on(p, now, req);
     }
 
     /// How long until the pacing timer should fire, if it is armed.
@@ -330,12 +474,21 @@ impl Engine {
         }
     }
 
-    fn finish(&mut self, tag: usize, ok: bool) {
-        if let Some(t) = self.tickets.get_mut(tag).and_then(Option::take) {
-            // Failed without a completion: give the credit back.
-            let now = self.qos.shared().now(Instant::now());
-            self.qos.on_done(now, t, None);
+    /// Complete the tag once no part is outstanding.
+    fn maybe_finish(&mut self, tag: usize) {
+        let Some(st) = self.tags.get_mut(tag) else {
+            return;
+        };
+        if st.ticket.is_some_and(|t| t.replicas() != 0) {
+            return;
         }
+        let ok = !st.failed;
+        let write = st.write.take();
+        *st = TagState::default();
+        if let (Some((range, mask)), Some(rep)) = (write, &self.volume.replication) {
+            rep.after_write(&range, mask);
+        }
+        self.qos.on_request_done();
         self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
         if !ok {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -348,8 +501,55 @@ impl Engine {
         }
     }
 
+    /// Replica `r`'s part of tag `tag` ended without success and without
+    /// another replica to take it: the request fails.
+    fn part_failed(&mut self, tag: usize, r: usize) {
+        if let Some(st) = self.tags.get_mut(tag) {
+            st.failed = true;
+            if let Some(mut t) = st.ticket.take() {
+                self.qos.release(&mut t, r);
+                self.tags[tag].ticket = Some(t);
+            }
+        }
+        self.maybe_finish(tag);
+    }
+
+    /// Replica `r` is out of sync and its part of `tag` will not be
+    /// answered: a write is recorded as missed on it (done by the others);
+    /// a read moves to another replica that serves reads.
+    fn part_dropped(&mut self, tag: usize, r: usize) {
+        let Some(mut ticket) = self.tags[tag].ticket.take() else {
+            return;
+        };
+        let rep = self.volume.replication.as_ref().expect("replicated");
+        if ticket.is_read() {
+            let readable = rep.route().readable & !(1 << r);
+            if let Some(to) = bits(readable).next() {
+                self.qos.reroute(&mut ticket, r, to);
+                self.tags[tag].ticket = Some(ticket);
+                if let Some(p) = self.tags[tag].pending.clone() {
+                    self.send_part(&p, to, Instant::now());
+                }
+                return;
+            }
+            self.tags[tag].ticket = Some(ticket);
+            self.part_failed(tag, r);
+            return;
+        }
+        if let Some((range, _)) = self.tags[tag].write.clone() {
+            if let Err(e) = rep.missed(r, &range) {
+                log::error!("{}: {e}", self.volume.config.name);
+                self.tags[tag].failed = true;
+            }
+        }
+        self.qos.release(&mut ticket, r);
+        self.tags[tag].ticket = Some(ticket);
+        self.maybe_finish(tag);
+    }
+
     fn drain_events(&mut self, p: usize) {
         let mut completed = false;
+        let r = self.paths[p].replica;
         while let Some(ev) = self.paths[p]
             .conn
             .as_mut()
@@ -359,21 +559,31 @@ impl Engine {
                 Event::Connected { .. } => {}
                 Event::Completed(done) => {
                     let ok = done.status.is_success();
+                    let tag = done.user_data as usize;
                     if !ok {
                         log::warn!(
-                            "{}: tag {}: NVMe status {:?}",
+                            "{}: tag {tag} (target {r}): NVMe status {:?}",
                             self.volume.config.name,
-                            done.user_data,
                             done.status
                         );
                     }
-                    let tag = done.user_data as usize;
-                    if let Some(t) = self.tickets.get_mut(tag).and_then(Option::take) {
-                        let now = self.qos.shared().now(Instant::now());
-                        self.qos.on_done(now, t, Some(done.dw1));
-                        completed = true;
+                    let Some(mut ticket) = self.tags.get_mut(tag).and_then(|s| s.ticket.take())
+                    else {
+                        continue;
+                    };
+                    let now = self.qos.shared().now(Instant::now());
+                    self.qos.on_part_done(now, &mut ticket, r, done.dw1);
+                    if ticket.is_read() && ok {
+                        if let Some(c) = self.stats.replica_reads.get(r) {
+                            c.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
-                    self.finish(tag, ok);
+                    self.tags[tag].ticket = Some(ticket);
+                    completed = true;
+                    if !ok {
+                        self.on_error_status(tag, r);
+                    }
+                    self.maybe_finish(tag);
                 }
                 Event::Failed(e) => self.on_failure(p, e),
             }
@@ -390,27 +600,75 @@ impl Engine {
         }
     }
 
+    /// Replica `r` answered tag `tag`'s part with an error status. With
+    /// other in-sync replicas, a read is retried on one of them, and a
+    /// failed write takes the replica out of sync (it no longer holds the
+    /// data) by resetting its controller, while the write counts as done
+    /// on the others. Otherwise the request fails.
+    fn on_error_status(&mut self, tag: usize, r: usize) {
+        let Some(rep) = &self.volume.replication else {
+            self.tags[tag].failed = true;
+            return;
+        };
+        let is_read = self.tags[tag].ticket.is_some_and(|t| t.is_read());
+        let others = rep.route().readable & !(1 << r);
+        if others == 0 {
+            self.tags[tag].failed = true;
+            return;
+        }
+        if is_read {
+            let to = bits(others).next().expect("non-empty");
+            if let (Some(mut t), Some(p)) =
+                (self.tags[tag].ticket.take(), self.tags[tag].pending.clone())
+            {
+                t.add_uncounted(to);
+                self.tags[tag].ticket = Some(t);
+                self.send_part(&p, to, Instant::now());
+            }
+            return;
+        }
+        if let Some((range, _)) = self.tags[tag].write.clone() {
+            let failed = rep.path_failed(r).and_then(|_| rep.missed(r, &range));
+            if let Err(e) = failed {
+                log::error!("{}: {e}", self.volume.config.name);
+                self.tags[tag].failed = true;
+            }
+            self.volume.targets[r].ctrl.report_failure(
+                self.volume.targets[r].ctrl.epoch(),
+                &nvmf_initiator::Error::QueueClosed,
+            );
+        } else {
+            // A flush that failed on one replica: the replica cannot be
+            // trusted to hold what was written.
+            self.tags[tag].failed = true;
+        }
+    }
+
     /// The pacing timer fired.
     fn on_pace(&mut self) {
         let now = self.qos.shared().now(Instant::now());
         self.pump(now);
     }
 
-    /// Path `p`'s connection is gone: reset the controller (once, whoever
-    /// reports), keep the unfinished requests for the next connection.
+    /// Path `p`'s connection is gone: reset its controller (once, whoever
+    /// reports). On a one-target volume (or the last in-sync replica) the
+    /// unfinished requests are kept for the next connection; a replica
+    /// that is now out of sync drops them (writes recorded as missed,
+    /// reads moved to another replica).
     fn on_failure(&mut self, p: usize, err: nvmf_initiator::Error) {
         let path = &mut self.paths[p];
+        let r = path.replica;
         let Some(mut c) = path.conn.take() else {
             return;
         };
         log::warn!(
-            "{}: I/O queue {} ({}) failed: {err}",
+            "{}: I/O queue {} ({}, target {r}) failed: {err}",
             self.volume.config.name,
             c.queue.config().qid,
             class_name(path.class)
         );
         self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-        self.volume.ctrl.report_failure(path.epoch, &err);
+        self.volume.targets[r].ctrl.report_failure(path.epoch, &err);
         c.queue.close();
         let _ = c.sock.shutdown(Shutdown::Both);
         let mut unfinished = c.queue.take_unfinished();
@@ -419,14 +677,42 @@ impl Engine {
         path.held = unfinished.into();
         // A recv still in flight on the socket returns on the shutdown.
         wake(&mut path.rx_waker);
+        if let Some(rep) = &self.volume.replication {
+            if let Err(e) = rep.path_failed(r) {
+                log::error!("{}: {e}", self.volume.config.name);
+            }
+            self.drop_if_out(p);
+        }
+    }
+
+    /// If path `p`'s replica is out of sync, end what it holds (see
+    /// [`Engine::part_dropped`]).
+    fn drop_if_out(&mut self, p: usize) {
+        let r = self.paths[p].replica;
+        let out = self
+            .volume
+            .replication
+            .as_ref()
+            .is_some_and(|rep| rep.is_out(r));
+        if !out || self.paths[p].held.is_empty() {
+            return;
+        }
+        let held = std::mem::take(&mut self.paths[p].held);
+        for req in held {
+            self.part_dropped(req.user_data as usize, r);
+        }
+        if self.qos.queued() > 0 {
+            let now = self.qos.shared().now(Instant::now());
+            self.pump(now);
+        }
     }
 
     /// Housekeeping, every [`TICK`]: timeouts, controller resets, reconnect,
     /// and failing held I/O when the policy says so.
     pub fn tick(&mut self, now: Instant) {
         let vol = Arc::clone(&self.volume);
-        let ctrl = &vol.ctrl;
         for p in 0..self.paths.len() {
+            let ctrl = &vol.targets[self.paths[p].replica].ctrl;
             if let Some(c) = self.paths[p].conn.as_mut() {
                 if c.queue.poll_timeout().is_some_and(|t| t <= now) {
                     c.queue.handle_timeout(now);
@@ -440,20 +726,24 @@ impl Engine {
                 self.on_failure(p, nvmf_initiator::Error::QueueClosed);
             }
             if self.paths[p].conn.is_none() {
+                if vol.replication.is_some() {
+                    self.drop_if_out(p);
+                }
                 if let Err(e) = ctrl.disposition() {
                     let held = std::mem::take(&mut self.paths[p].held);
                     if !held.is_empty() {
                         log::error!("{}: failing {} requests: {e}", vol.config.name, held.len());
                     }
-                    for r in held {
-                        self.finish(r.user_data as usize, false);
+                    let r = self.paths[p].replica;
+                    for req in held {
+                        self.part_failed(req.user_data as usize, r);
                     }
                 }
                 self.try_connect_path(p, now);
             }
         }
-        // Settings changed at run time (credit mode, limits) reach a
-        // queue that is otherwise idle.
+        // Settings changed at run time (credit mode, limits) and replicas
+        // coming back reach a queue that is otherwise idle.
         if self.qos.queued() > 0 {
             let qnow = self.qos.shared().now(now);
             self.pump(qnow);

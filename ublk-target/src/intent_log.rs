@@ -969,6 +969,12 @@ impl IntentLog {
 
     /// Records an orderly shutdown (every request completed) and syncs.
     pub fn close_clean(mut self) -> Result<(), IntentLogError> {
+        self.mark_clean_shutdown()
+    }
+
+    /// [`IntentLog::close_clean`] for a log still shared (behind a lock):
+    /// the caller must not mark anything afterwards.
+    pub fn mark_clean_shutdown(&mut self) -> Result<(), IntentLogError> {
         self.clean_shutdown = true;
         self.header_dirty = true;
         self.sync()

@@ -24,6 +24,7 @@ pub mod notify;
 pub mod priority;
 pub mod qos;
 pub mod replicas;
+pub mod replication;
 pub mod resync;
 pub mod state;
 pub mod ublk;

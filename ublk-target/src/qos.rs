@@ -49,6 +49,7 @@ use qos_core::class_arbiter::{ArbiterConfig, ClassArbiter, QueueId};
 use qos_core::credit_gate::{CreditGate, CreditGateConfig, CreditMode, WindowSource};
 use qos_core::priority::NvmeClass;
 use qos_core::rate_limiter::{RateLimiter, RateLimits};
+use qos_core::replica::{ReplicaPolicy, ReplicaSelector};
 use qos_core::{IoKind, Nanos};
 use serde::{Deserialize, Serialize};
 
@@ -394,12 +395,69 @@ pub enum Class {
     Other,
 }
 
-/// Handed out with an admitted request, handed back on its completion.
+/// Handed out with an admitted request, handed back (per replica) on its
+/// completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
     sent_at: Nanos,
     kind: IoKind,
     bytes: u64,
+    /// Whether it is a read (one replica) or goes to every writable one.
+    read: bool,
+    /// Bit r: sent to replica r.
+    replicas: u32,
+    /// Bit r: sent to replica r without taking its credit (a read moved
+    /// there after its first replica failed).
+    uncounted: u32,
+}
+
+impl Ticket {
+    /// The replicas it was sent to, as a bit mask.
+    pub fn replicas(&self) -> u32 {
+        self.replicas
+    }
+
+    /// Whether it is a read.
+    pub fn is_read(&self) -> bool {
+        self.read
+    }
+
+    /// Also sent to replica `r`, without its credit (a read retried there
+    /// after an error status on another replica).
+    pub fn add_uncounted(&mut self, r: usize) {
+        self.replicas |= 1 << r;
+        self.uncounted |= 1 << r;
+    }
+}
+
+/// Where requests may go: bit r of `writable` (`readable`) set when
+/// replica r takes writes (serves reads). A one-target volume is
+/// [`Route::SINGLE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// Replicas that take writes, flushes, discards.
+    pub writable: u32,
+    /// Replicas that may serve reads.
+    pub readable: u32,
+}
+
+impl Route {
+    /// One replica, healthy.
+    pub const SINGLE: Route = Route {
+        writable: 1,
+        readable: 1,
+    };
+}
+
+/// The set bits of `mask`, lowest first.
+pub fn bits(mut mask: u32) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let r = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            r
+        })
+    })
 }
 
 struct Waiting<T> {
@@ -414,7 +472,10 @@ struct Waiting<T> {
 /// The QoS stage of one ublk queue; see the module documentation.
 pub struct QueueQos<T> {
     shared: Arc<VolumeQos>,
-    gate: CreditGate,
+    /// One credit gate per replica (per target namespace).
+    gates: Vec<CreditGate>,
+    /// Chooses the replica of each read.
+    selector: ReplicaSelector,
     qid: u16,
     version: u64,
     /// Held requests, released by class.
@@ -428,18 +489,34 @@ pub struct QueueQos<T> {
 }
 
 impl<T> QueueQos<T> {
-    /// The stage of queue `qid` of the volume; held requests are released
-    /// by class as `arbiter` says (an invalid one falls back to the
-    /// default: configs are validated before).
+    /// The stage of queue `qid` of a one-target volume; held requests are
+    /// released by class as `arbiter` says (an invalid one falls back to
+    /// the default: configs are validated before).
     pub fn new(shared: Arc<VolumeQos>, qid: u16, arbiter: ArbiterConfig) -> Self {
+        Self::replicated(shared, qid, arbiter, 1, ReplicaPolicy::Primary)
+    }
+
+    /// The stage of queue `qid` of a volume of `replicas` replicas (at
+    /// most 32), reads chosen by `policy`.
+    pub fn replicated(
+        shared: Arc<VolumeQos>,
+        qid: u16,
+        arbiter: ArbiterConfig,
+        replicas: usize,
+        policy: ReplicaPolicy,
+    ) -> Self {
         let cfg = shared.settings();
-        let gate = CreditGate::new(&cfg.gate_config()).unwrap_or_else(|_| {
-            CreditGate::new(&CreditGateConfig::default()).expect("default config is valid")
-        });
+        let gate = || {
+            CreditGate::new(&cfg.gate_config()).unwrap_or_else(|_| {
+                CreditGate::new(&CreditGateConfig::default()).expect("default config is valid")
+            })
+        };
+        let replicas = replicas.clamp(1, 32);
         let version = shared.version.load(Ordering::Acquire);
         Self {
             shared,
-            gate,
+            gates: (0..replicas).map(|_| gate()).collect(),
+            selector: ReplicaSelector::new(policy, replicas),
             qid,
             version,
             waiting: ClassArbiter::new(arbiter).unwrap_or_else(|_| {
@@ -470,9 +547,32 @@ impl<T> QueueQos<T> {
         self.waiting.len() + usize::from(self.staged.is_some())
     }
 
-    /// Requests admitted and not completed.
+    /// Requests admitted and not completed, summed over the replicas (a
+    /// mirrored write counts once per replica).
     pub fn in_flight(&self) -> u32 {
-        self.gate.in_flight()
+        self.gates.iter().map(CreditGate::in_flight).sum()
+    }
+
+    /// Whether replica `r`'s gate lets one more request go now.
+    fn has_room(&self, r: usize) -> bool {
+        let g = &self.gates[r];
+        let share = self.share(g.window().0);
+        g.in_flight() == 0 || g.in_flight() < share
+    }
+
+    /// The replica for the next read among `readable`: the selector's
+    /// choice among those with room (least-loaded also weighs headroom).
+    fn pick_read(&mut self, readable: u32) -> Option<usize> {
+        if self.gates.len() == 1 {
+            return self.has_room(0).then_some(0);
+        }
+        for r in 0..self.gates.len() {
+            let ok = readable & (1 << r) != 0 && self.has_room(r);
+            let _ = self.selector.set_in_sync(r, ok);
+            let g = &self.gates[r];
+            let _ = self.selector.set_window(r, self.share(g.window().0));
+        }
+        self.selector.select_read()
     }
 
     /// When the head becomes eligible at the limiter, if it waits for it:
@@ -503,21 +603,31 @@ impl<T> QueueQos<T> {
         s.queued_max.fetch_max(q, Ordering::Relaxed);
     }
 
-    /// The next request allowed to go now, if any. Call until `None`
-    /// after a push, a completion and a timer.
+    /// The next request allowed to go now, if any, on a one-target
+    /// volume. Call until `None` after a push, a completion and a timer.
     pub fn poll_admit(&mut self, now: Nanos) -> Option<(T, Ticket)> {
+        self.poll_admit_routed(now, Route::SINGLE)
+    }
+
+    /// The next request allowed to go now and the replicas it goes to
+    /// ([`Ticket::replicas`]): a read to one readable replica with room in
+    /// its gate (the selector's choice), anything else to every writable
+    /// replica once each has room. With no readable replica a read goes
+    /// to a writable one (held there until its path returns).
+    pub fn poll_admit_routed(&mut self, now: Nanos, route: Route) -> Option<(T, Ticket)> {
         self.timer = None;
         let version = self.shared.version.load(Ordering::Acquire);
         if version != self.version {
             self.version = version;
-            self.gate
-                .set_mode(mode_from_code(self.shared.mode.load(Ordering::Acquire)));
+            let mode = mode_from_code(self.shared.mode.load(Ordering::Acquire));
+            for g in &mut self.gates {
+                g.set_mode(mode);
+            }
         }
         if self.staged.is_none() {
             self.staged = self.waiting.dequeue(now).map(|a| a.payload);
         }
         let head = self.staged.as_mut()?;
-        let s = &self.shared.stats;
         let kind = match head.class {
             Class::Read => Some(IoKind::Read),
             Class::Write => Some(IoKind::Write),
@@ -533,32 +643,57 @@ impl<T> QueueQos<T> {
                     .try_acquire(now, kind, head.bytes);
                 if let Err(at) = r {
                     self.timer = Some(at);
-                    s.limiter_delays.fetch_add(1, Ordering::Relaxed);
+                    self.shared
+                        .stats
+                        .limiter_delays
+                        .fetch_add(1, Ordering::Relaxed);
                     return None;
                 }
             }
             head.paid = true;
         }
-        let (window, source) = self.gate.window();
-        let share = self.share(window);
-        let in_flight = self.gate.in_flight();
-        if in_flight > 0 && in_flight >= share {
+        let read = head.class == Class::Read;
+        let n = self.gates.len();
+        let all = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
+        let targets = if read {
+            let readable = match route.readable & all {
+                0 => route.writable & all,
+                m => m,
+            };
+            self.pick_read(readable).map(|r| 1u32 << r)
+        } else {
+            let w = route.writable & all;
+            bits(w).all(|r| self.has_room(r)).then_some(w)
+        };
+        let Some(targets) = targets.filter(|t| *t != 0) else {
             if !self.credit_blocked {
                 self.credit_blocked = true;
-                s.credit_waits.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .stats
+                    .credit_waits
+                    .fetch_add(1, Ordering::Relaxed);
             }
             return None;
-        }
+        };
         self.credit_blocked = false;
-        if !self.gate.try_acquire() {
-            // Unreachable: share <= window. Keep the request rather than
-            // exceed the window.
-            return None;
+        let s = &self.shared.stats;
+        for r in bits(targets) {
+            if !self.gates[r].try_acquire() {
+                // Unreachable: has_room checked the same window. Count it
+                // rather than lose track of what is in flight.
+                s.over_credit.fetch_add(1, Ordering::Relaxed);
+            }
+            if read {
+                let _ = self.selector.on_dispatch(r);
+            }
         }
+        let first = bits(targets).next().unwrap_or(0);
+        let (window, source) = self.gates[first].window();
+        let share = self.share(window);
         let w = self.staged.take()?;
         s.class_queued[w.prio.index()].fetch_sub(1, Ordering::Relaxed);
         s.class_admitted[w.prio.index()].fetch_add(1, Ordering::Relaxed);
-        let after = u64::from(self.gate.in_flight());
+        let after = u64::from(self.gates[first].in_flight());
         if after > u64::from(share.max(1)) {
             s.over_credit.fetch_add(1, Ordering::Relaxed);
         }
@@ -580,35 +715,90 @@ impl<T> QueueQos<T> {
                 sent_at: now,
                 kind: kind.unwrap_or(IoKind::Write),
                 bytes: if kind.is_some() { w.bytes } else { 0 },
+                read,
+                replicas: targets,
+                uncounted: 0,
             },
         ))
+    }
+
+    /// Replica `from`'s path failed under a read: move it to replica `to`
+    /// (its credit on `from` is given back; on `to` it is sent without
+    /// one, since it must not wait behind newer requests).
+    pub fn reroute(&mut self, ticket: &mut Ticket, from: usize, to: usize) {
+        self.release(ticket, from);
+        ticket.replicas |= 1 << to;
+        ticket.uncounted |= 1 << to;
+    }
+
+    /// Replica `r`'s part of `ticket` ended without a completion (its path
+    /// failed, the part is dropped): give its credit back.
+    pub fn release(&mut self, ticket: &mut Ticket, r: usize) {
+        if ticket.replicas & (1 << r) == 0 {
+            return;
+        }
+        ticket.replicas &= !(1 << r);
+        if ticket.uncounted & (1 << r) != 0 {
+            ticket.uncounted &= !(1 << r);
+            return;
+        }
+        if let Some(g) = self.gates.get_mut(r) {
+            g.cancel();
+        }
+        if ticket.read {
+            let _ = self.selector.on_completion(r, None);
+        }
+    }
+
+    /// Replica `r`'s part of `ticket` completed with dword 1 `dw1`.
+    /// Returns whether parts remain outstanding on other replicas.
+    pub fn on_part_done(&mut self, now: Nanos, ticket: &mut Ticket, r: usize, dw1: u32) -> bool {
+        if ticket.replicas & (1 << r) == 0 {
+            return ticket.replicas != 0;
+        }
+        ticket.replicas &= !(1 << r);
+        if ticket.uncounted & (1 << r) != 0 {
+            ticket.uncounted &= !(1 << r);
+        } else if let Some(g) = self.gates.get_mut(r) {
+            let latency = now.nanos_since(ticket.sent_at);
+            g.on_completion(now, ticket.kind, ticket.bytes, latency, Some(dw1));
+            if ticket.read {
+                let _ = self.selector.on_completion(r, Some(latency));
+            }
+            let s = &self.shared.stats;
+            if let Some(c) = qos_core::credit::decode_credit_dw1(dw1) {
+                s.last_credit.store(c, Ordering::Relaxed);
+                s.credit_seen.store(true, Ordering::Relaxed);
+            }
+            let (window, source) = g.window();
+            s.window.store(window, Ordering::Relaxed);
+            s.source.store(source_code(source), Ordering::Relaxed);
+        }
+        ticket.replicas != 0
+    }
+
+    /// Every part of `ticket` has ended: the request leaves the stage.
+    pub fn on_request_done(&mut self) {
+        self.shared.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// An admitted request finished: with its completion's dword 1, or
     /// `None` when it failed without one (never sent, connection lost and
     /// given up).
-    pub fn on_done(&mut self, now: Nanos, ticket: Ticket, dw1: Option<u32>) {
-        let s = &self.shared.stats;
-        s.in_flight.fetch_sub(1, Ordering::Relaxed);
-        match dw1 {
-            Some(dw1) => {
-                self.gate.on_completion(
-                    now,
-                    ticket.kind,
-                    ticket.bytes,
-                    now.nanos_since(ticket.sent_at),
-                    Some(dw1),
-                );
-                if let Some(c) = qos_core::credit::decode_credit_dw1(dw1) {
-                    s.last_credit.store(c, Ordering::Relaxed);
-                    s.credit_seen.store(true, Ordering::Relaxed);
+    ///
+    /// (One-target volumes; a replicated request reports each replica's
+    /// part with [`QueueQos::on_part_done`] / [`QueueQos::release`], then
+    /// [`QueueQos::on_request_done`].)
+    pub fn on_done(&mut self, now: Nanos, mut ticket: Ticket, dw1: Option<u32>) {
+        for r in bits(ticket.replicas) {
+            match dw1 {
+                Some(dw1) => {
+                    self.on_part_done(now, &mut ticket, r, dw1);
                 }
+                None => self.release(&mut ticket, r),
             }
-            None => self.gate.cancel(),
         }
-        let (window, source) = self.gate.window();
-        s.window.store(window, Ordering::Relaxed);
-        s.source.store(source_code(source), Ordering::Relaxed);
+        self.on_request_done();
     }
 }
 

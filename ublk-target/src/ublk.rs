@@ -322,6 +322,11 @@ async fn tag_task(
                     Op::Write => Class::Write,
                     _ => Class::Other,
                 };
+                // What the intent log of a replicated volume records:
+                // every op that changes data.
+                let start = iod.start_sector << 9;
+                let write = matches!(op, Op::Write | Op::Discard | Op::WriteZeroes)
+                    .then(|| start..start + (u64::from(nr_sectors) << 9));
                 engine.borrow_mut().submit(
                     tag,
                     command,
@@ -329,6 +334,7 @@ async fn tag_task(
                     class,
                     u64::from(nr_sectors) << 9,
                     nvme_class,
+                    write,
                 );
                 let ok = TagWait {
                     engine: Rc::clone(engine),

@@ -16,11 +16,14 @@ use nvmf_initiator::Arbitration;
 use qos_core::priority::NvmeClass;
 use serde::{Deserialize, Serialize};
 
-use crate::config::VolumeConfig;
+use crate::config::{TargetSpec, VolumeConfig};
 use crate::error::Error;
+use crate::intent_log::replica_identity;
 use crate::mapping::Geometry;
 use crate::priority::{class_name, PriorityConfig, Source};
 use crate::qos::{QosSnapshot, VolumeQos};
+use crate::replicas::{check_same_geometry, ReplicaGeometry};
+use crate::replication::{ReplicaStatus, Replication};
 
 /// Counters of a volume (all queues), cheap to update from queue threads.
 #[derive(Debug, Default)]
@@ -49,6 +52,8 @@ pub struct Stats {
     pub class_ios: [AtomicU64; 4],
     /// Per NVMe class: bytes read and written.
     pub class_bytes: [AtomicU64; 4],
+    /// Per replica (at most 16): reads it served.
+    pub replica_reads: [AtomicU64; 16],
 }
 
 /// A point-in-time copy of [`Stats`] plus the volume's identity, as
@@ -92,6 +97,23 @@ pub struct StatsSnapshot {
     /// Priority classes: where they come from, per-class counters.
     #[serde(default)]
     pub priority: PrioritySnapshot,
+    /// Replicated volumes: one entry per replica (empty otherwise).
+    #[serde(default)]
+    pub replicas: Vec<ReplicaSnapshot>,
+}
+
+/// What `status` shows of one replica.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct ReplicaSnapshot {
+    /// `address:port subnqn nsid N`.
+    pub target: String,
+    /// Whether its controller is connected.
+    pub connected: bool,
+    /// Reads it served.
+    pub reads: u64,
+    /// State, intent-log bits, resync progress.
+    #[serde(flatten)]
+    pub status: ReplicaStatus,
 }
 
 /// What `status` shows of a volume's priority classes.
@@ -202,19 +224,37 @@ pub struct TargetIdentity {
     pub geometry: Geometry,
 }
 
+/// One target namespace of a volume (a replica, when there are several).
+pub struct Target {
+    /// Where it is.
+    pub spec: TargetSpec,
+    /// Resolved address.
+    pub addr: SocketAddr,
+    /// Its controller (admin queue, keep-alive, reconnect).
+    pub ctrl: Controller,
+    /// Namespace identity.
+    pub identity: TargetIdentity,
+    /// The classes with an I/O queue of their own on this target, per
+    /// ublk queue, most important first.
+    pub classes: Vec<NvmeClass>,
+    /// Per class (urgent..low): the index in `classes` of its queue.
+    pub class_path: [u8; 4],
+    /// The arbitration mechanism the target runs.
+    pub arbitration: Arbitration,
+}
+
 /// A connected volume.
 pub struct Volume {
     /// Its configuration.
     pub config: VolumeConfig,
-    /// Who we are to the target.
+    /// Who we are to the targets.
     pub host: HostIdentity,
-    /// Target address.
-    pub addr: SocketAddr,
-    /// The controller (admin queue, keep-alive, reconnect).
-    pub ctrl: Controller,
-    /// Block device geometry.
+    /// Its target namespaces: one, or the replicas in config order.
+    pub targets: Vec<Target>,
+    /// Block device geometry (common to every replica).
     pub geometry: Geometry,
-    /// Namespace identity.
+    /// Identity of the first target's namespace (what a recovering server
+    /// checks).
     pub identity: TargetIdentity,
     /// Counters.
     pub stats: Arc<Stats>,
@@ -222,94 +262,78 @@ pub struct Volume {
     pub qos: Arc<VolumeQos>,
     /// Priority classes.
     pub priority: Priority,
-    /// The classes with an I/O queue of their own, per ublk queue (the
-    /// engine's paths), most important first.
-    pub paths: Vec<NvmeClass>,
-    /// Per class (urgent..low): the index in `paths` of its queue.
-    pub class_path: [u8; 4],
-    /// The arbitration mechanism the target runs.
-    pub arbitration: Arbitration,
+    /// Replica set, intent log and resync (replicated volumes only).
+    pub replication: Option<Replication>,
 }
 
 impl Volume {
-    /// Connect the controller and identify the namespace. The first
-    /// connection is not retried: an unreachable target, a wrong NQN or a
-    /// refused host is reported at once.
+    /// Connect every target's controller and identify its namespace. The
+    /// first connection is not retried: an unreachable target, a wrong NQN
+    /// or a refused host is reported at once, naming the replica.
     ///
     /// `priority` decides which classes get an I/O queue: the classes in
     /// use when the side channel is there, else only the fallback class;
-    /// and only one queue when the target runs round robin (classes mean
-    /// nothing to it).
+    /// and only one queue on a target that runs round robin (classes mean
+    /// nothing to it). Replicas must have the same size and block size.
     pub fn connect(
         config: VolumeConfig,
         host: HostIdentity,
         priority: Priority,
     ) -> Result<Self, Error> {
-        let addr = config
-            .target
-            .socket_addr()
-            .map_err(|e| Error::Usage(format!("{}: {e}", config.target.address)))?;
-        let mut opts = ConnectOptions::new(addr, &config.target.subnqn);
-        opts.host = host.clone();
-        let pc = priority.config;
-        let mut classes = pc.classes_in_use(priority.side_channel());
-        opts.io_queues = config.queues.saturating_mul(classes.len() as u16);
-        opts.queue_depth = config.queue_depth;
-        opts.command_timeout = config.io_timeout;
-        opts.kato = config.keep_alive;
-        opts.reconnect = config.reconnect;
-        opts.arbitration = pc.arbitration();
-        opts.arbitration_feature = Some(pc.arbitration_feature());
-        let want = opts.io_queues;
-        let ctrl = Controller::connect(opts)?;
-        let info = ctrl.info();
-        if info.io_queues < want {
-            return Err(Error::Usage(format!(
-                "the target grants {} I/O queues, the volume needs {want} (io.queues {} x {} priority classes)",
-                info.io_queues,
-                config.queues,
-                classes.len()
-            )));
+        let replicated = config.replicas.len() > 1;
+        let mut targets = Vec::new();
+        let mut geos = Vec::new();
+        for (i, spec) in config.replicas.iter().enumerate() {
+            let what = if replicated {
+                format!(
+                    "replica {i} ({}:{} {})",
+                    spec.address, spec.port, spec.subnqn
+                )
+            } else {
+                format!("{}:{} {}", spec.address, spec.port, spec.subnqn)
+            };
+            let (t, g) = connect_target(&config, &host, &priority, spec)
+                .map_err(|e| Error::Usage(format!("{what}: {e}")))?;
+            targets.push(t);
+            geos.push((what, g));
         }
-        if !info.arbitration.uses_classes() && classes.len() > 1 {
-            log::warn!(
-                "{}: the target offers only round robin arbitration: one I/O queue per ublk queue; classes order only the client's held requests",
-                config.name
-            );
-            classes = vec![pc.class];
-        }
-        let mut class_path = [0u8; 4];
-        for c in NvmeClass::ALL {
-            // A class without a queue of its own uses the fallback class's.
-            let own = classes.iter().position(|x| *x == c);
-            let fallback = classes.iter().position(|x| *x == pc.class).unwrap_or(0);
-            class_path[c.index()] = own.unwrap_or(fallback) as u8;
-        }
-        let ns = ctrl.identify_namespace(config.target.nsid)?;
-        let geometry = Geometry::new(&info, &ns);
-        let identity = TargetIdentity {
-            subnqn: config.target.subnqn.clone(),
-            serial: info.identify.serial_number.trim().to_owned(),
-            nguid: ns
-                .identify
-                .nguid
+        if replicated {
+            let rg: Vec<ReplicaGeometry> = geos
                 .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect(),
-            geometry,
+                .map(|(name, g)| ReplicaGeometry {
+                    name: name.clone(),
+                    size_bytes: g.size_bytes(),
+                    block_size: g.block_size,
+                })
+                .collect();
+            check_same_geometry(&rg).map_err(|e| Error::Usage(e.to_string()))?;
+        }
+        let mut geometry = geos[0].1;
+        for (_, g) in &geos[1..] {
+            geometry.max_io_bytes = geometry.max_io_bytes.min(g.max_io_bytes);
+            geometry.volatile_cache |= g.volatile_cache;
+            geometry.discard &= g.discard;
+            geometry.write_zeroes &= g.write_zeroes;
+        }
+        let replication = if replicated {
+            let ids: Vec<String> = targets
+                .iter()
+                .map(|t| replica_identity(&t.spec.subnqn, t.spec.nsid, &t.identity.serial))
+                .collect();
+            Some(Replication::open(&config, &ids, geometry.size_bytes())?)
+        } else {
+            None
         };
+        let identity = targets[0].identity.clone();
         Ok(Self {
             host,
-            addr,
-            ctrl,
+            targets,
             geometry,
             identity,
             stats: Arc::new(Stats::default()),
             qos: Arc::new(VolumeQos::new(&config.qos, config.queues)),
             priority,
-            paths: classes,
-            class_path,
-            arbitration: info.arbitration,
+            replication,
             config,
         })
     }
@@ -318,7 +342,7 @@ impl Volume {
         let s = &self.stats;
         PrioritySnapshot {
             mode: self.priority.mode(),
-            arbitration: match self.arbitration {
+            arbitration: match self.targets[0].arbitration {
                 Arbitration::RoundRobin => "round robin",
                 Arbitration::WeightedRoundRobin | Arbitration::PreferWeighted => {
                     "weighted round robin"
@@ -326,7 +350,11 @@ impl Volume {
                 Arbitration::VendorSpecific => "drr (vendor specific)",
             }
             .into(),
-            queues: self.paths.iter().map(|c| class_name(*c).into()).collect(),
+            queues: self.targets[0]
+                .classes
+                .iter()
+                .map(|c| class_name(*c).into())
+                .collect(),
             classes: NvmeClass::ALL
                 .iter()
                 .map(|c| ClassCounters {
@@ -340,6 +368,27 @@ impl Volume {
         }
     }
 
+    fn replica_snapshot(&self) -> Vec<ReplicaSnapshot> {
+        let Some(rep) = &self.replication else {
+            return Vec::new();
+        };
+        rep.status()
+            .into_iter()
+            .zip(&self.targets)
+            .enumerate()
+            .map(|(i, (status, t))| ReplicaSnapshot {
+                target: format!("{} {} nsid {}", t.addr, t.spec.subnqn, t.spec.nsid),
+                connected: t.ctrl.is_live(),
+                reads: self
+                    .stats
+                    .replica_reads
+                    .get(i)
+                    .map_or(0, |a| a.load(Ordering::Relaxed)),
+                status,
+            })
+            .collect()
+    }
+
     /// A snapshot of the counters.
     pub fn snapshot(&self, device: &str) -> StatsSnapshot {
         let s = &self.stats;
@@ -348,10 +397,11 @@ impl Volume {
         StatsSnapshot {
             volume: self.config.name.clone(),
             device: device.to_owned(),
-            target: self.addr.to_string(),
+            target: self.targets[0].addr.to_string(),
             subnqn: self.config.target.subnqn.clone(),
-            connected: self.ctrl.is_live(),
-            controller_resets: self.ctrl.resets(),
+            connected: self.targets.iter().any(|t| t.ctrl.is_live()),
+            controller_resets: self.targets.iter().map(|t| t.ctrl.resets()).sum(),
+            replicas: self.replica_snapshot(),
             reads: g(&s.reads),
             writes: g(&s.writes),
             read_bytes: g(&s.read_bytes),
@@ -366,4 +416,84 @@ impl Volume {
             qos,
         }
     }
+}
+
+/// Connect one target namespace of a volume.
+fn connect_target(
+    config: &VolumeConfig,
+    host: &HostIdentity,
+    priority: &Priority,
+    spec: &TargetSpec,
+) -> Result<(Target, Geometry), Error> {
+    let addr = spec
+        .socket_addr()
+        .map_err(|e| Error::Usage(format!("{}: {e}", spec.address)))?;
+    let mut opts = ConnectOptions::new(addr, &spec.subnqn);
+    opts.host = host.clone();
+    let pc = priority.config;
+    let mut classes = pc.classes_in_use(priority.side_channel());
+    // One queue per class per ublk queue, and one for the blocking API
+    // (resync copies of replicated volumes).
+    opts.io_queues = config
+        .queues
+        .saturating_mul(classes.len() as u16)
+        .saturating_add(u16::from(config.replicas.len() > 1));
+    opts.queue_depth = config.queue_depth;
+    opts.command_timeout = config.io_timeout;
+    opts.kato = config.keep_alive;
+    opts.reconnect = config.reconnect;
+    opts.arbitration = pc.arbitration();
+    opts.arbitration_feature = Some(pc.arbitration_feature());
+    let want = opts.io_queues;
+    let ctrl = Controller::connect(opts)?;
+    let info = ctrl.info();
+    if info.io_queues < want {
+        return Err(Error::Usage(format!(
+            "the target grants {} I/O queues, the volume needs {want} (io.queues {} x {} priority classes)",
+            info.io_queues,
+            config.queues,
+            classes.len()
+        )));
+    }
+    if !info.arbitration.uses_classes() && classes.len() > 1 {
+        log::warn!(
+            "{}: {}:{} offers only round robin arbitration: one I/O queue per ublk queue; classes order only the client's held requests",
+            config.name,
+            spec.address,
+            spec.port
+        );
+        classes = vec![pc.class];
+    }
+    let mut class_path = [0u8; 4];
+    for c in NvmeClass::ALL {
+        // A class without a queue of its own uses the fallback class's.
+        let own = classes.iter().position(|x| *x == c);
+        let fallback = classes.iter().position(|x| *x == pc.class).unwrap_or(0);
+        class_path[c.index()] = own.unwrap_or(fallback) as u8;
+    }
+    let ns = ctrl.identify_namespace(spec.nsid)?;
+    let geometry = Geometry::new(&info, &ns);
+    let identity = TargetIdentity {
+        subnqn: spec.subnqn.clone(),
+        serial: info.identify.serial_number.trim().to_owned(),
+        nguid: ns
+            .identify
+            .nguid
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        geometry,
+    };
+    Ok((
+        Target {
+            spec: spec.clone(),
+            addr,
+            ctrl,
+            identity,
+            classes,
+            class_path,
+            arbitration: info.arbitration,
+        },
+        geometry,
+    ))
 }

@@ -1,0 +1,597 @@
+//! The running side of a replicated volume: the replica set
+//! ([`crate::replicas`]), the write-intent log ([`crate::intent_log`]) and
+//! the resync of a returning replica ([`crate::resync`]) behind one lock,
+//! shared by the volume's queue threads and its manager thread.
+//!
+//! What the engine does with it, per request:
+//!
+//! - It reads [`Replication::route`] (lock-free) to know which replicas
+//!   take writes and serve reads; the QoS stage picks the replicas of each
+//!   request from it.
+//! - Before a write, discard or write-zeroes is sent anywhere,
+//!   [`Replication::before_write`] records it for every replica it will not
+//!   reach (their intent-log bits, durable first: a crash of this host
+//!   after the write landed elsewhere must still find the bit), and tells
+//!   a running resync that a user write is in flight on those bytes; after
+//!   every replica answered, [`Replication::after_write`]. On the healthy
+//!   path (every replica writable, no resync) both return without taking
+//!   the lock.
+//! - When a replica's path fails, [`Replication::path_failed`] says whether
+//!   the replica is now out of sync (then its unfinished writes are
+//!   recorded with [`Replication::missed`] and completed on the others, and
+//!   its reads move to another replica) or was the last in-sync one (then
+//!   its I/O is held and redone, as for a one-target volume).
+//! - Before (re)connecting a path, [`Replication::may_connect`]: an
+//!   out-of-sync replica reconnects only once the manager has moved it to
+//!   resyncing, after its fence.
+//!
+//! The manager thread ([`Replication::run_manager`]) ticks the replica set,
+//! moves a fenced replica whose controller is live again to resyncing, and
+//! copies its dirty regions from an in-sync replica with the blocking
+//! controller API, one job at a time at the configured rate, each copy
+//! flushed before its bit is cleared; when none is left it records the
+//! replica in sync and it serves reads again.
+//!
+//! Decisions:
+//! - The fence's command bound is the volume's `io_timeout` (the bound
+//!   this host puts on a command; a target does not report its own):
+//!   KATO + io_timeout + 1 s after the last command.
+//! - The last in-sync replica is fenced too before its paths reconnect
+//!   (the replica-set rule); I/O is held meanwhile.
+//! - A log created now (first start of the volume) takes replica 0 as the
+//!   source: the other replicas get a full copy, as md's initial resync.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nvmf_initiator::blocking::Controller;
+use qos_core::Nanos;
+use serde::{Deserialize, Serialize};
+
+use crate::config::VolumeConfig;
+use crate::error::Error;
+use crate::intent_log::{self, IntentLog, Opened, ReplicaSyncState, SyncEpoch};
+use crate::qos::{bits, Route};
+use crate::replicas::{FailOutcome, FenceTimes, ReplicaSet, ReplicaState};
+use crate::resync::{CopyResult, Next, ResyncConfig, ResyncPlanner};
+
+/// Largest resync copy: one command's worth on every target we know
+/// (MDTS is at least 128 KiB on gimbal-target and nvmet).
+const COPY_BYTES: u64 = 128 * 1024;
+
+struct Resync {
+    replica: usize,
+    planner: ResyncPlanner,
+}
+
+struct State {
+    set: ReplicaSet,
+    log: IntentLog,
+    resync: Option<Resync>,
+}
+
+/// What `status` shows of one replica.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct ReplicaStatus {
+    /// in-sync, fencing, failed, resyncing.
+    pub state: String,
+    /// Regions it misses (intent-log bits).
+    pub dirty_regions: u64,
+    /// Resync progress: bytes copied so far (while resyncing).
+    pub resync_bytes: u64,
+    /// Regions left to copy (while resyncing).
+    pub resync_regions_left: u64,
+}
+
+/// The replication state of a volume; see the module documentation.
+pub struct Replication {
+    name: String,
+    state: Mutex<State>,
+    synced: Condvar,
+    writable: AtomicU32,
+    readable: AtomicU32,
+    /// Replicas as a mask (all bits of the set).
+    all: u32,
+    /// Set while a resync runs (user writes must be reported to it).
+    resyncing: AtomicBool,
+    epoch: Instant,
+    rate_bps: u64,
+    geometry: intent_log::Geometry,
+}
+
+impl Replication {
+    /// Opens (or creates) the volume's intent log for replicas with
+    /// `identities` (config order) over `volume_size` bytes.
+    pub fn open(
+        config: &VolumeConfig,
+        identities: &[String],
+        volume_size: u64,
+    ) -> Result<Self, Error> {
+        let rc = &config.replication;
+        let geometry = intent_log::Geometry {
+            volume_name: config.name.clone(),
+            volume_size,
+            region_size: rc.region_size,
+        };
+        let path = rc.bitmap_path(&config.name);
+        let (log, opened) = IntentLog::open_or_create(&path, &geometry, identities)
+            .map_err(|e| Error::State(e.to_string()))?;
+        let in_sync: Vec<bool> = log
+            .replicas()
+            .iter()
+            .map(|r| r.state == ReplicaSyncState::InSync)
+            .collect();
+        let clean = match opened {
+            Opened::Created => true,
+            Opened::Existing { clean_shutdown, .. } => clean_shutdown,
+        };
+        let fence = FenceTimes {
+            keep_alive: config.keep_alive,
+            target_command_timeout: config.io_timeout,
+            slack: Duration::from_secs(1),
+        };
+        let epoch = Instant::now();
+        let set = ReplicaSet::new(&in_sync, fence, Nanos::ZERO, clean);
+        let n = in_sync.len();
+        let r = Self {
+            name: config.name.clone(),
+            state: Mutex::new(State {
+                set,
+                log,
+                resync: None,
+            }),
+            synced: Condvar::new(),
+            writable: AtomicU32::new(0),
+            readable: AtomicU32::new(0),
+            all: if n >= 32 { u32::MAX } else { (1 << n) - 1 },
+            resyncing: AtomicBool::new(false),
+            epoch,
+            rate_bps: rc.resync_rate_bps,
+            geometry,
+        };
+        {
+            let st = r.lock();
+            r.publish(&st);
+            for (i, s) in in_sync.iter().enumerate() {
+                if !s {
+                    log::warn!(
+                        "volume {}: replica {i} is out of sync ({} regions to copy)",
+                        r.name,
+                        st.log.dirty_count(i)
+                    );
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Now on the replication clock.
+    pub fn now(&self) -> Nanos {
+        Nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Recompute the lock-free masks after a state change.
+    fn publish(&self, st: &State) {
+        let mut w = 0u32;
+        let mut r = 0u32;
+        for i in 0..st.set.len() {
+            if st.set.takes_writes(i) {
+                w |= 1 << i;
+            }
+            if st.set.serves_reads(i) {
+                r |= 1 << i;
+            }
+        }
+        if r == 0 {
+            // The last in-sync replica with its path down: reads wait for
+            // it there.
+            for i in 0..st.set.len() {
+                if st.set.state(i) == Ok(ReplicaState::InSync) {
+                    r |= 1 << i;
+                }
+            }
+        }
+        // Resync flag before the masks: a request that sees a resyncing
+        // replica in its mask also sees the flag (see `before_write`).
+        self.resyncing.store(st.resync.is_some(), Ordering::Release);
+        self.writable.store(w, Ordering::Release);
+        self.readable.store(r, Ordering::Release);
+    }
+
+    /// Where requests may go now.
+    pub fn route(&self) -> Route {
+        Route {
+            writable: self.writable.load(Ordering::Acquire),
+            readable: self.readable.load(Ordering::Acquire),
+        }
+    }
+
+    /// Wait until the log's sync of `epoch` has finished, doing the sync
+    /// if nobody else is (group commit: one fdatasync for every mark made
+    /// meanwhile).
+    fn make_durable<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        epoch: SyncEpoch,
+    ) -> Result<(), Error> {
+        loop {
+            if st.log.is_durable(epoch) {
+                return Ok(());
+            }
+            if st.log.sync_in_flight() {
+                st = self.synced.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let batch = st.log.begin_sync().map_err(log_err)?;
+            let Some(batch) = batch else {
+                // Nothing left to write, yet not durable: cannot happen
+                // (the epoch would be durable); do not spin.
+                return Ok(());
+            };
+            drop(st);
+            let result = batch.write();
+            st = self.lock();
+            let r = st.log.finish_sync(batch, result);
+            self.synced.notify_all();
+            r.map_err(log_err)?;
+        }
+    }
+
+    /// A write (or discard, write-zeroes) of bytes `range` is about to be
+    /// sent to the replicas in `mask`: record it, durably, for every
+    /// replica not in `mask`, and tell a running resync. Call
+    /// [`Replication::after_write`] with the same arguments once every
+    /// replica answered. Blocks only while an intent-log sync it needs is
+    /// written.
+    pub fn before_write(&self, range: &Range<u64>, mask: u32) -> Result<(), Error> {
+        let resyncing = self.resyncing.load(Ordering::Acquire);
+        if mask & self.all == self.all && !resyncing {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let mut wait = None;
+        for r in 0..st.set.len() {
+            if mask & (1 << r) == 0 {
+                let out = st.log.mark(r, range.clone()).map_err(log_err)?;
+                wait = wait.max(out.wait_for);
+            }
+        }
+        if let Some(rs) = st.resync.as_mut() {
+            if mask & (1 << rs.replica) != 0 {
+                rs.planner.on_user_write_start(range.clone());
+            }
+        }
+        match wait {
+            Some(e) => self.make_durable(st, e),
+            None => Ok(()),
+        }
+    }
+
+    /// The write [`Replication::before_write`] announced has been answered
+    /// by every replica it went to.
+    pub fn after_write(&self, range: &Range<u64>, mask: u32) {
+        if !self.resyncing.load(Ordering::Acquire) {
+            return;
+        }
+        let mut st = self.lock();
+        if let Some(rs) = st.resync.as_mut() {
+            if mask & (1 << rs.replica) != 0 {
+                rs.planner.on_user_write_done(range.clone());
+            }
+        }
+    }
+
+    /// Replica `r` did not get a write of `range` whose outcome on it is
+    /// unknown (its path failed): record it before the write is
+    /// acknowledged.
+    pub fn missed(&self, r: usize, range: &Range<u64>) -> Result<(), Error> {
+        let mut st = self.lock();
+        let out = st.log.mark(r, range.clone()).map_err(log_err)?;
+        match out.wait_for {
+            Some(e) => self.make_durable(st, e),
+            None => Ok(()),
+        }
+    }
+
+    /// Replica `r`'s path failed (any of its connections: a queue error,
+    /// a controller reset). Idempotent per failure.
+    pub fn path_failed(&self, r: usize) -> Result<FailOutcome, Error> {
+        let now = self.now();
+        let mut st = self.lock();
+        let was = st.set.state(r).ok();
+        // The failure is noticed after the last command was sent on the
+        // path, so `now` is a safe (late) stand-in for it.
+        let out = st
+            .set
+            .on_path_failed(r, now, Some(now))
+            .map_err(|e| Error::State(e.to_string()))?;
+        if let FailOutcome::OutOfSync { fence_until } = out {
+            if st.resync.as_ref().is_some_and(|rs| rs.replica == r) {
+                st.resync = None;
+            }
+            let m = st
+                .log
+                .set_state(r, ReplicaSyncState::OutOfSync)
+                .map_err(log_err)?;
+            self.publish(&st);
+            if was == Some(ReplicaState::InSync)
+                || matches!(was, Some(ReplicaState::Resyncing { .. }))
+            {
+                log::warn!(
+                    "volume {}: replica {r} failed; running degraded (no reconnect for {} ms: fence)",
+                    self.name,
+                    fence_until.nanos_since(now) / 1_000_000
+                );
+            }
+            if let Some(e) = m.wait_for {
+                self.make_durable(st, e)?;
+            }
+        } else {
+            self.publish(&st);
+        }
+        Ok(out)
+    }
+
+    /// Whether replica `r`'s I/O paths may connect now: in sync (after the
+    /// fence if its path failed) or resyncing.
+    pub fn may_connect(&self, r: usize) -> bool {
+        let now = self.now();
+        let mut st = self.lock();
+        match st.set.state(r) {
+            Ok(ReplicaState::Resyncing { .. }) => true,
+            Ok(ReplicaState::InSync) => {
+                if st.set.reconnect_allowed(r, now).is_err() {
+                    return false;
+                }
+                // The last in-sync replica coming back (a no-op when its
+                // path never went down).
+                if st.set.on_path_reconnected(r, now).is_ok() {
+                    self.publish(&st);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether replica `r` is out of sync (not in sync, not resyncing):
+    /// its requests are dropped (writes recorded as missed).
+    pub fn is_out(&self, r: usize) -> bool {
+        let w = self.writable.load(Ordering::Acquire);
+        w & (1 << r) == 0
+    }
+
+    /// Per replica, for `status`.
+    pub fn status(&self) -> Vec<ReplicaStatus> {
+        let st = self.lock();
+        (0..st.set.len())
+            .map(|r| {
+                let mut s = ReplicaStatus {
+                    state: match st.set.state(r) {
+                        Ok(ReplicaState::InSync) => "in-sync",
+                        Ok(ReplicaState::Fencing { .. }) => "fencing",
+                        Ok(ReplicaState::Failed { .. }) => "failed",
+                        Ok(ReplicaState::Resyncing { .. }) => "resyncing",
+                        Err(_) => "unknown",
+                    }
+                    .into(),
+                    dirty_regions: st.log.dirty_count(r),
+                    ..Default::default()
+                };
+                if let Some(rs) = st.resync.as_ref().filter(|rs| rs.replica == r) {
+                    let p = rs.planner.progress();
+                    s.resync_bytes = p.bytes_copied;
+                    s.resync_regions_left = p.regions_left;
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// Whether any replica is not in sync.
+    pub fn is_degraded(&self) -> bool {
+        self.writable.load(Ordering::Acquire) != self.all
+            || self.readable.load(Ordering::Acquire) != self.all
+    }
+
+    /// Record an orderly stop (every request answered) in the log.
+    pub fn close_clean(&self) {
+        let mut st = self.lock();
+        if let Err(e) = st.log.mark_clean_shutdown() {
+            log::error!("volume {}: intent log: {e}", self.name);
+        }
+    }
+
+    /// The manager loop: run until `stop` is set. `replicas[r]` reaches
+    /// replica r; `block_size` is the volume's logical block size.
+    pub fn run_manager(&self, replicas: &[Copier<'_>], block_size: u32, stop: &AtomicBool) {
+        while !stop.load(Ordering::Acquire) {
+            let wait = self.manage(replicas, u64::from(block_size));
+            std::thread::sleep(wait.min(Duration::from_millis(100)));
+        }
+    }
+
+    /// One step of the manager; how long it may sleep.
+    fn manage(&self, ctrls: &[Copier<'_>], bs: u64) -> Duration {
+        let now = self.now();
+        let mut st = self.lock();
+        st.set.tick(now);
+        if st.resync.is_none() {
+            // A fenced replica whose controller is live again starts its
+            // resync (one at a time).
+            for r in 0..st.set.len() {
+                if matches!(st.set.state(r), Ok(ReplicaState::Failed { .. }))
+                    && ctrls.get(r).is_some_and(|c| c.ctrl.is_live())
+                {
+                    if let Ok(crate::replicas::Reconnected::StartResync) =
+                        st.set.on_path_reconnected(r, now)
+                    {
+                        let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
+                        log::warn!(
+                            "volume {}: replica {r} is back; resyncing {} regions",
+                            self.name,
+                            dirty.len()
+                        );
+                        st.resync = Some(Resync {
+                            replica: r,
+                            planner: ResyncPlanner::new(self.resync_config(), dirty, now),
+                        });
+                        self.publish(&st);
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(r) = st.resync.as_ref().map(|rs| rs.replica) else {
+            return Duration::from_millis(100);
+        };
+        let next = match st.resync.as_mut() {
+            Some(rs) => rs.planner.next_job(now),
+            None => return Duration::ZERO,
+        };
+        match next {
+            Next::Job(job) => {
+                let source = (0..st.set.len()).find(|&i| st.set.serves_reads(i));
+                drop(st);
+                let copied = match source {
+                    Some(src) => copy(&ctrls[src], &ctrls[r], bs, &job.range),
+                    None => Err("no in-sync replica to copy from".to_owned()),
+                };
+                let mut st = self.lock();
+                let Some(rs) = st.resync.as_mut().filter(|rs| rs.replica == r) else {
+                    return Duration::ZERO;
+                };
+                match copied {
+                    Ok(()) => {
+                        if let Ok(CopyResult::RegionClean(g)) = rs.planner.on_copy_done(job.id) {
+                            // The copies must be on stable media before
+                            // the bit that says they are needed goes.
+                            drop(st);
+                            let flushed = ctrls[r].ctrl.flush(ctrls[r].nsid);
+                            let mut st = self.lock();
+                            match flushed {
+                                Ok(()) => {
+                                    if let Err(e) = st.log.clear(r, g) {
+                                        log::error!("volume {}: intent log: {e}", self.name);
+                                    }
+                                }
+                                Err(e) => {
+                                    log::warn!(
+                                        "volume {}: resync of replica {r}: flush: {e}",
+                                        self.name
+                                    );
+                                    // Copy the region again: its bit is
+                                    // still set.
+                                    let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
+                                    if let Some(rs) =
+                                        st.resync.as_mut().filter(|rs| rs.replica == r)
+                                    {
+                                        rs.planner = ResyncPlanner::new(
+                                            self.resync_config(),
+                                            dirty,
+                                            self.now(),
+                                        );
+                                    }
+                                    return Duration::from_millis(500);
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let _ = rs.planner.on_copy_failed(job.id);
+                        log::warn!("volume {}: resync of replica {r}: {e}", self.name);
+                        return Duration::from_millis(500);
+                    }
+                }
+                Duration::ZERO
+            }
+            Next::WaitUntil(t) => Duration::from_nanos(t.nanos_since(now)),
+            Next::Wait => Duration::from_millis(5),
+            Next::Done => {
+                if st.log.dirty_count(r) > 0 {
+                    // Bits set after the planner started (a write that
+                    // chose its replicas just before the resync began):
+                    // copy those too.
+                    let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
+                    let cfg = self.resync_config();
+                    if let Some(rs) = st.resync.as_mut() {
+                        rs.planner = ResyncPlanner::new(cfg, dirty, now);
+                    }
+                    return Duration::ZERO;
+                }
+                let copied = st
+                    .resync
+                    .as_ref()
+                    .map_or(0, |rs| rs.planner.progress().bytes_copied);
+                let m = st.log.set_state(r, ReplicaSyncState::InSync);
+                match m {
+                    Ok(m) => {
+                        let _ = st.set.on_resync_done(r);
+                        st.resync = None;
+                        self.publish(&st);
+                        log::warn!(
+                            "volume {}: replica {r} resynced ({copied} bytes copied); in sync",
+                            self.name
+                        );
+                        if let Some(e) = m.wait_for {
+                            if let Err(e) = self.make_durable(st, e) {
+                                log::error!("volume {}: intent log: {e}", self.name);
+                            }
+                        }
+                    }
+                    Err(e) => log::error!("volume {}: intent log: {e}", self.name),
+                }
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// The replicas as a mask.
+    pub fn all(&self) -> u32 {
+        self.all
+    }
+
+    fn resync_config(&self) -> ResyncConfig {
+        ResyncConfig {
+            volume_size: self.geometry.volume_size,
+            region_size: self.geometry.region_size,
+            max_copy_bytes: COPY_BYTES.min(self.geometry.region_size),
+            max_in_flight: 1,
+            rate_bps: self.rate_bps,
+        }
+    }
+}
+
+/// How the manager reaches one replica for resync copies.
+pub struct Copier<'a> {
+    /// Its controller (the copies use its blocking I/O queue).
+    pub ctrl: &'a Controller,
+    /// Its namespace.
+    pub nsid: u32,
+}
+
+/// Copy `range` (volume bytes, block aligned) from `src` to `dst`.
+fn copy(src: &Copier<'_>, dst: &Copier<'_>, bs: u64, range: &Range<u64>) -> Result<(), String> {
+    let mut buf = vec![0u8; (range.end - range.start) as usize];
+    src.ctrl
+        .read(src.nsid, range.start / bs, &mut buf)
+        .map_err(|e| format!("reading the source: {e}"))?;
+    dst.ctrl
+        .write(dst.nsid, range.start / bs, &buf)
+        .map_err(|e| format!("writing: {e}"))
+}
+
+fn log_err(e: intent_log::IntentLogError) -> Error {
+    Error::State(e.to_string())
+}
+
+/// The replicas of `mask` (re-exported for the engine).
+pub fn replicas_of(mask: u32) -> impl Iterator<Item = usize> {
+    bits(mask)
+}
