@@ -39,6 +39,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod base_latency;
 pub mod class_arbiter;
 pub mod class_model;
 pub mod config;
