@@ -955,6 +955,82 @@ mod tests {
         assert_eq!(next, 1, "aged low request goes first");
     }
 
+    /// Replicated volumes: a read goes to one readable replica, a write to
+    /// every writable one and only when each has room in its gate; a
+    /// replica's dropped part gives its credit back; a read moved to
+    /// another replica takes no credit there.
+    #[test]
+    fn replicated_routing_follows_the_masks_and_the_gates() {
+        let cfg = QosConfig {
+            credits: CreditMode::Target,
+            initial_window: 1,
+            ..QosConfig::new()
+        };
+        let mut q: QueueQos<u32> = QueueQos::replicated(
+            Arc::new(VolumeQos::new(&cfg, 1)),
+            0,
+            ArbiterConfig::default(),
+            2,
+            ReplicaPolicy::RoundRobin,
+        );
+        let both = Route {
+            writable: 0b11,
+            readable: 0b11,
+        };
+        let now = Nanos(1);
+        q.push(now, 1, Class::Read, 4096, NvmeClass::Medium);
+        q.push(now, 2, Class::Read, 4096, NvmeClass::Medium);
+        let (a, ta) = q.poll_admit_routed(now, both).unwrap();
+        let (b, tb) = q.poll_admit_routed(now, both).unwrap();
+        assert_eq!((a, b), (1, 2));
+        assert!(ta.is_read() && tb.is_read());
+        assert_eq!(ta.replicas().count_ones(), 1);
+        assert_eq!(
+            ta.replicas() | tb.replicas(),
+            0b11,
+            "round robin spreads reads"
+        );
+        // Window 1 on each replica, both busy: a write must wait for both.
+        q.push(now, 3, Class::Write, 4096, NvmeClass::Medium);
+        assert!(q.poll_admit_routed(now, both).is_none());
+        let mut ta = ta;
+        let ra = bits(ta.replicas()).next().unwrap();
+        q.on_part_done(now, &mut ta, ra, 0);
+        assert!(
+            q.poll_admit_routed(now, both).is_none(),
+            "one replica is still full"
+        );
+        let mut tb = tb;
+        let rb = bits(tb.replicas()).next().unwrap();
+        // The other replica's path failed: its part is dropped, its credit
+        // comes back.
+        q.release(&mut tb, rb);
+        assert_eq!(tb.replicas(), 0);
+        let (w, mut tw) = q.poll_admit_routed(now, both).unwrap();
+        assert_eq!(w, 3);
+        assert_eq!(tw.replicas(), 0b11, "writes go to every writable replica");
+        assert!(q.on_part_done(now, &mut tw, 0, 0), "replica 1 still out");
+        assert!(!q.on_part_done(now, &mut tw, 1, 0));
+        // Degraded: replica 1 out; reads and writes only to replica 0.
+        let degraded = Route {
+            writable: 0b01,
+            readable: 0b01,
+        };
+        q.push(now, 4, Class::Write, 4096, NvmeClass::Medium);
+        let (_, t4) = q.poll_admit_routed(now, degraded).unwrap();
+        assert_eq!(t4.replicas(), 0b01);
+        // A read whose replica failed moves without taking a credit.
+        q.push(now, 5, Class::Read, 4096, NvmeClass::Medium);
+        let mut t4 = t4;
+        q.on_part_done(now, &mut t4, 0, 0);
+        let (_, mut t5) = q.poll_admit_routed(now, both).unwrap();
+        let from = bits(t5.replicas()).next().unwrap();
+        q.reroute(&mut t5, from, 1 - from);
+        assert_eq!(t5.replicas(), 1 << (1 - from));
+        assert!(!q.on_part_done(now, &mut t5, 1 - from, 0));
+        assert_eq!(q.in_flight(), 0, "every credit came back");
+    }
+
     #[test]
     fn zero_credit_still_lets_one_request_through() {
         let cfg = QosConfig {

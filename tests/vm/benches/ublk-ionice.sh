@@ -11,6 +11,11 @@
 #                ~4x4k : 64k = 1:4 (the paper's Scenario 1: WRR loses the
 #                byte ratio when sizes differ)
 #   control      side channel off (source = "fixed"): both medium -> ~1:1
+#   control-mq-deadline  the same with the kernel's mq-deadline scheduler on
+#                /dev/ublkb0, which itself dispatches by ionice class
+# Every other run sets the device's scheduler to `none`, so what is
+# measured is ublk-nvmf's classes and the target's arbitration, not the
+# kernel's scheduler.
 # Each prints BENCH lines with per-job bandwidth, IOPS and p99, the ratio,
 # and the share `gimbal-target plan` (the ionice paper's Equations 1-3)
 # predicts for the measured total; and the volume's per-class counters.
@@ -58,13 +63,15 @@ job() {
 field() { awk -F';' -v n="$2" '/^3;/ { print $n }' "$1"; }
 p99() { awk -F';' '/^3;/ { for (i = 18; i <= 37; i++) if ($i ~ /^99\.000000%=/) { split($i, a, "="); print a[2] } }' "$1"; }
 
-# run LABEL PRIORITY_TOML BS_RT QD_RT BS_IDLE QD_IDLE MODE
+# run LABEL PRIORITY_TOML BS_RT QD_RT BS_IDLE QD_IDLE MODE [SCHEDULER]
 run() {
     label=$1
     ublk_volume_config /tmp/iv.toml iv 127.0.0.1 4420 $NQN 1 1
     printf '[qos]\ncredits = "off"\n[priority]\nhigh_weight = 4\nmedium_weight = 2\nlow_weight = 1\naging_ms = 0\n%b' "$2" >>/tmp/iv.toml
     check_output "$label: add" "^/dev/ublkb0$" ublk-nvmf add --config /tmp/iv.toml || return 1
     ublk-nvmf status iv | grep 'priority:'
+    echo "${8:-none}" >/sys/block/ublkb0/queue/scheduler
+    log "$label: scheduler $(cat /sys/block/ublkb0/queue/scheduler)"
     job /tmp/rt.out "$3" "$4" ionice -c1 -n0 &
     p=$!
     job /tmp/idle.out "$5" "$6" ionice -c3
@@ -95,5 +102,6 @@ run drr-4k-4k 'arbitration = "drr"\n' 4k 32 4k 32 drr
 run drr-4k-64k 'arbitration = "drr"\n' 4k 32 64k 8 drr
 run wrr-4k-64k 'arbitration = "wrr"\n' 4k 32 64k 8 wrr
 run control 'arbitration = "drr"\nsource = "fixed"\n' 4k 32 4k 32 drr
+run control-mq-deadline 'arbitration = "drr"\nsource = "fixed"\n' 4k 32 4k 32 drr mq-deadline
 stop_daemon gimbal
 finish
