@@ -533,10 +533,13 @@ impl<T> QueueQos<T> {
         &self.shared
     }
 
-    /// This queue's share of a window of `w`.
-    fn share(&self, w: u32) -> u32 {
+    /// This queue's share of a window `w` from `source`. A target's
+    /// credit (and the initial window) is the tenant's total over all its
+    /// queues, so it is split; an estimated window is this queue's own
+    /// (its gate sees only its own completions), so it is not.
+    fn share(&self, (w, source): (u32, WindowSource)) -> u32 {
         let n = u32::from(self.shared.queues);
-        if w == u32::MAX {
+        if w == u32::MAX || source == WindowSource::Estimate {
             return w;
         }
         w / n + u32::from(u32::from(self.qid) < w % n)
@@ -556,7 +559,7 @@ impl<T> QueueQos<T> {
     /// Whether replica `r`'s gate lets one more request go now.
     fn has_room(&self, r: usize) -> bool {
         let g = &self.gates[r];
-        let share = self.share(g.window().0);
+        let share = self.share(g.window());
         g.in_flight() == 0 || g.in_flight() < share
     }
 
@@ -570,7 +573,7 @@ impl<T> QueueQos<T> {
             let ok = readable & (1 << r) != 0 && self.has_room(r);
             let _ = self.selector.set_in_sync(r, ok);
             let g = &self.gates[r];
-            let _ = self.selector.set_window(r, self.share(g.window().0));
+            let _ = self.selector.set_window(r, self.share(g.window()));
         }
         self.selector.select_read()
     }
@@ -689,7 +692,7 @@ impl<T> QueueQos<T> {
         }
         let first = bits(targets).next().unwrap_or(0);
         let (window, source) = self.gates[first].window();
-        let share = self.share(window);
+        let share = self.share((window, source));
         let w = self.staged.take()?;
         s.class_queued[w.prio.index()].fetch_sub(1, Ordering::Relaxed);
         s.class_admitted[w.prio.index()].fetch_add(1, Ordering::Relaxed);
@@ -1057,9 +1060,12 @@ mod tests {
             .map(|i| QueueQos::new(Arc::clone(&shared), i, ArbiterConfig::default()))
             .collect();
         for w in [0u32, 1, 2, 3, 7, 64, 1000] {
-            assert_eq!(qs.iter().map(|q| q.share(w)).sum::<u32>(), w);
+            let t = (w, WindowSource::Target);
+            assert_eq!(qs.iter().map(|q| q.share(t)).sum::<u32>(), w);
+            // An estimate is each queue's own, not split.
+            assert_eq!(qs[1].share((w, WindowSource::Estimate)), w);
         }
-        assert_eq!(qs[0].share(u32::MAX), u32::MAX);
+        assert_eq!(qs[0].share((u32::MAX, WindowSource::Target)), u32::MAX);
     }
 
     #[test]
