@@ -85,8 +85,13 @@ run() {
         rt_iops=$(field /tmp/rt.out 8) idle_iops=$(field /tmp/idle.out 8)
         total=$(awk -v a="$rt_kib" -v b="$idle_kib" -v c="$rt_iops" -v d="$idle_iops" -v m="$7" \
             'BEGIN { if (m == "drr") printf "%d", (a + b) * 1024; else printf "%d", c + d }')
-        plan=$(gimbal-target plan --weights 4,2,1 --load high=max,low=max --device "$total" --mode "$7" 2>&1)
-        echo "$plan" | sed 's/^/    plan: /'
+        case "$2" in
+        *fixed*) echo "    plan: both jobs in one class (medium): no class arbitration, equal shares expected" ;;
+        *)
+            plan=$(gimbal-target plan --weights 4,2,1 --load high=max,low=max --device "$total" --mode "$7" 2>&1)
+            echo "$plan" | sed 's/^/    plan: /'
+            ;;
+        esac
         awk -v l="$label" -v a="$rt_kib" -v b="$idle_kib" -v c="$rt_iops" -v d="$idle_iops" \
             -v pa="$(p99 /tmp/rt.out)" -v pb="$(p99 /tmp/idle.out)" 'BEGIN {
             printf "BENCH run=%s rt_kibps=%d idle_kibps=%d rt_iops=%d idle_iops=%d rt_p99_us=%s idle_p99_us=%s bw_ratio=%.2f iops_ratio=%.2f\n",
