@@ -96,7 +96,7 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
     );
     let priority = open_priority(&config);
     let vol = Arc::new(
-        Volume::connect(config.clone(), host, priority)
+        Volume::connect(config.clone(), host, priority, recover.is_some())
             .with_context(|| format!("volume {name}: {target}"))?,
     );
     if let Some(st) = &recover {
@@ -355,7 +355,7 @@ fn format_replicas(s: &ublk_target::volume::StatsSnapshot) -> String {
     let mut out = String::new();
     for (i, r) in s.replicas.iter().enumerate() {
         out += &format!(
-            "  replica {i}: {} {} ({}), reads {}, dirty regions {}",
+            "  replica {i}: {} {} ({}), reads {}, dirty regions {}, window {}, in flight {}, credit {}",
             r.target,
             r.status.state,
             if r.connected {
@@ -364,7 +364,12 @@ fn format_replicas(s: &ublk_target::volume::StatsSnapshot) -> String {
                 "disconnected"
             },
             r.reads,
-            r.status.dirty_regions
+            r.status.dirty_regions,
+            r.qos.window,
+            r.qos.in_flight,
+            r.qos
+                .target_credit
+                .map_or_else(|| "none".to_owned(), |c| c.to_string())
         );
         if r.status.state == "resyncing" {
             out += &format!(

@@ -255,6 +255,22 @@ struct QosCounters {
     /// Per NVMe class (urgent..low): waiting now, admitted so far.
     class_queued: [AtomicU64; 4],
     class_admitted: [AtomicU64; 4],
+    /// Per replica (at most 16): window, parts in flight, last credit
+    /// (`u32::MAX`: none seen).
+    replica_window: [AtomicU32; 16],
+    replica_in_flight: [AtomicU64; 16],
+    replica_credit: [AtomicU32; 16],
+}
+
+/// The QoS of one replica (target namespace), for `status`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct ReplicaQos {
+    /// Its window (the last a queue computed).
+    pub window: u32,
+    /// Requests in flight to it (all queues).
+    pub in_flight: u64,
+    /// The credit it last reported, if any.
+    pub target_credit: Option<u32>,
 }
 
 /// What `status` shows of a volume's QoS.
@@ -311,7 +327,7 @@ pub struct QosSnapshot {
 impl VolumeQos {
     /// The shared state of a volume with `queues` ublk queues.
     pub fn new(cfg: &QosConfig, queues: u16) -> Self {
-        Self {
+        let s = Self {
             epoch: Instant::now(),
             queues: queues.max(1),
             limiter: Mutex::new(RateLimiter::new(cfg.limits)),
@@ -320,7 +336,24 @@ impl VolumeQos {
             settings: Mutex::new(*cfg),
             version: AtomicU64::new(0),
             stats: QosCounters::default(),
+        };
+        for c in &s.stats.replica_credit {
+            c.store(u32::MAX, Ordering::Relaxed);
         }
+        s
+    }
+
+    /// Per replica `0..n` (at most 16), for `status`.
+    pub fn replica_snapshot(&self, n: usize) -> Vec<ReplicaQos> {
+        let s = &self.stats;
+        (0..n.min(16))
+            .map(|r| ReplicaQos {
+                window: s.replica_window[r].load(Ordering::Relaxed),
+                in_flight: s.replica_in_flight[r].load(Ordering::Relaxed),
+                target_credit: Some(s.replica_credit[r].load(Ordering::Relaxed))
+                    .filter(|c| *c != u32::MAX),
+            })
+            .collect()
     }
 
     /// `now` on the QoS clock (nanoseconds since the volume started).
@@ -681,6 +714,9 @@ impl<T> QueueQos<T> {
         self.credit_blocked = false;
         let s = &self.shared.stats;
         for r in bits(targets) {
+            if let Some(c) = s.replica_in_flight.get(r) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
             if !self.gates[r].try_acquire() {
                 // Unreachable: has_room checked the same window. Count it
                 // rather than lose track of what is in flight.
@@ -745,6 +781,9 @@ impl<T> QueueQos<T> {
             ticket.uncounted &= !(1 << r);
             return;
         }
+        if let Some(c) = self.shared.stats.replica_in_flight.get(r) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(g) = self.gates.get_mut(r) {
             g.cancel();
         }
@@ -772,8 +811,17 @@ impl<T> QueueQos<T> {
             if let Some(c) = qos_core::credit::decode_credit_dw1(dw1) {
                 s.last_credit.store(c, Ordering::Relaxed);
                 s.credit_seen.store(true, Ordering::Relaxed);
+                if let Some(rc) = s.replica_credit.get(r) {
+                    rc.store(c, Ordering::Relaxed);
+                }
+            }
+            if let Some(c) = s.replica_in_flight.get(r) {
+                c.fetch_sub(1, Ordering::Relaxed);
             }
             let (window, source) = g.window();
+            if let Some(w) = s.replica_window.get(r) {
+                w.store(window, Ordering::Relaxed);
+            }
             s.window.store(window, Ordering::Relaxed);
             s.source.store(source_code(source), Ordering::Relaxed);
         }

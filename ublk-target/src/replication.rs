@@ -104,10 +104,22 @@ pub struct Replication {
 impl Replication {
     /// Opens (or creates) the volume's intent log for replicas with
     /// `identities` (config order) over `volume_size` bytes.
+    ///
+    /// `recovering`: this server takes over a live device from a crashed
+    /// one (`ublk-nvmf recover`); the kernel reissues every request that
+    /// was in flight, to every replica, so replicas that were in sync
+    /// converge again. Otherwise, after a run that did not stop cleanly
+    /// (the host crashed, or the server died and its device went away),
+    /// writes may have been in flight to every replica and landed on some
+    /// only: nothing records where, so every in-sync replica but the first
+    /// is copied in full from the first (md without a bitmap does the
+    /// same). The first is as good a source as any: a write that was not
+    /// acknowledged may read as old or new data afterwards.
     pub fn open(
         config: &VolumeConfig,
         identities: &[String],
         volume_size: u64,
+        recovering: bool,
     ) -> Result<Self, Error> {
         let rc = &config.replication;
         let geometry = intent_log::Geometry {
@@ -116,8 +128,38 @@ impl Replication {
             region_size: rc.region_size,
         };
         let path = rc.bitmap_path(&config.name);
-        let (log, opened) = IntentLog::open_or_create(&path, &geometry, identities)
+        let (mut log, opened) = IntentLog::open_or_create(&path, &geometry, identities)
             .map_err(|e| Error::State(e.to_string()))?;
+        if matches!(
+            opened,
+            Opened::Existing {
+                clean_shutdown: false,
+                ..
+            }
+        ) && !recovering
+        {
+            let first = log
+                .replicas()
+                .iter()
+                .position(|r| r.state == ReplicaSyncState::InSync);
+            let others: Vec<usize> = (0..log.replicas().len())
+                .filter(|&r| Some(r) != first)
+                .filter(|&r| log.replicas()[r].state == ReplicaSyncState::InSync)
+                .collect();
+            for &r in &others {
+                log.mark(r, 0..volume_size).map_err(log_err)?;
+                log.set_state(r, ReplicaSyncState::OutOfSync)
+                    .map_err(log_err)?;
+            }
+            log.sync().map_err(log_err)?;
+            if !others.is_empty() {
+                log::warn!(
+                    "volume {}: the previous run did not stop cleanly; replicas {others:?} will be copied in full from replica {}",
+                    config.name,
+                    first.unwrap_or(0)
+                );
+            }
+        }
         let in_sync: Vec<bool> = log
             .replicas()
             .iter()
@@ -594,4 +636,130 @@ fn log_err(e: intent_log::IntentLogError) -> Error {
 /// The replicas of `mask` (re-exported for the engine).
 pub fn replicas_of(mask: u32) -> impl Iterator<Item = usize> {
     bits(mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(dir: &Path) -> VolumeConfig {
+        let toml = format!(
+            r#"
+name = "rv"
+[[replica]]
+address = "127.0.0.1"
+subnqn = "nqn.2026-01.io.test:a"
+[[replica]]
+address = "127.0.0.1"
+port = 4421
+subnqn = "nqn.2026-01.io.test:b"
+[replication]
+region_size = "1m"
+bitmap_dir = "{}"
+"#,
+            dir.display()
+        );
+        VolumeConfig::parse(Path::new("rv.toml"), &toml).expect("config")
+    }
+
+    const SIZE: u64 = 16 << 20;
+
+    fn ids() -> Vec<String> {
+        vec!["a nsid 1 serial A".into(), "b nsid 1 serial B".into()]
+    }
+
+    /// A log whose replicas were all in sync, left without a clean stop.
+    fn unclean_all_in_sync(cfg: &VolumeConfig) {
+        let geo = intent_log::Geometry {
+            volume_name: cfg.name.clone(),
+            volume_size: SIZE,
+            region_size: 1 << 20,
+        };
+        let path = cfg.replication.bitmap_path(&cfg.name);
+        let (mut log, _) = IntentLog::open_or_create(&path, &geo, &ids()).unwrap();
+        log.clear_all(1).unwrap();
+        log.set_state(1, ReplicaSyncState::InSync).unwrap();
+        log.sync().unwrap();
+    }
+
+    #[test]
+    fn a_new_volume_copies_replica_0_to_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        let r = Replication::open(&cfg, &ids(), SIZE, false).unwrap();
+        let st = r.status();
+        assert_eq!(st[0].state, "in-sync");
+        assert_ne!(st[1].state, "in-sync");
+        assert_eq!(st[1].dirty_regions, 16);
+        assert_eq!(r.route().readable, 0b01);
+        assert_eq!(r.route().writable, 0b01, "not before the resync starts");
+    }
+
+    #[test]
+    fn an_unclean_stop_resyncs_in_full_unless_the_kernel_reissues() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        unclean_all_in_sync(&cfg);
+        {
+            // Taking over a live device: the reissued requests make the
+            // replicas converge; nothing to copy.
+            let r = Replication::open(&cfg, &ids(), SIZE, true).unwrap();
+            assert!(r.status().iter().all(|s| s.state == "in-sync"));
+            assert_eq!(r.route().readable, 0b11);
+        }
+        // That open did not stop cleanly either: a fresh start now copies
+        // replica 1 in full from replica 0.
+        let r = Replication::open(&cfg, &ids(), SIZE, false).unwrap();
+        let st = r.status();
+        assert_eq!(st[0].state, "in-sync");
+        assert_eq!(st[1].state, "fencing");
+        assert_eq!(st[1].dirty_regions, 16);
+        assert_eq!(r.route().readable, 0b01);
+        drop(r);
+        // A clean stop is remembered: the next start copies nothing new.
+        let r = Replication::open(&cfg, &ids(), SIZE, false).unwrap();
+        assert_eq!(r.status()[1].dirty_regions, 16, "still owed from before");
+        r.close_clean();
+    }
+
+    #[test]
+    fn writes_that_miss_a_replica_are_durable_marks() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        unclean_all_in_sync(&cfg);
+        let r = Replication::open(&cfg, &ids(), SIZE, true).unwrap();
+        // Healthy: nothing recorded.
+        r.before_write(&(0..4096), 0b11).unwrap();
+        r.after_write(&(0..4096), 0b11);
+        assert!(r.status().iter().all(|s| s.dirty_regions == 0));
+        // Replica 1 fails: out of sync, its writes are recorded.
+        assert!(matches!(
+            r.path_failed(1).unwrap(),
+            FailOutcome::OutOfSync { .. }
+        ));
+        assert_eq!(r.route().writable, 0b01);
+        assert_eq!(r.route().readable, 0b01);
+        r.before_write(&((3 << 20)..(3 << 20) + 8192), r.route().writable)
+            .unwrap();
+        r.missed(1, &((5 << 20)..(6 << 20) + 1)).unwrap();
+        assert_eq!(r.status()[1].dirty_regions, 3);
+        // The last in-sync replica does not go out of sync.
+        assert!(matches!(
+            r.path_failed(0).unwrap(),
+            FailOutcome::LastInSync { .. }
+        ));
+        assert_eq!(r.route().writable, 0b01);
+        drop(r);
+        // The marks survived (durable before the writes were sent).
+        let geo = intent_log::Geometry {
+            volume_name: "rv".into(),
+            volume_size: SIZE,
+            region_size: 1 << 20,
+        };
+        let (log, _) =
+            IntentLog::open_or_create(&cfg.replication.bitmap_path("rv"), &geo, &ids()).unwrap();
+        let dirty: Vec<u64> = log.dirty_regions(1).collect();
+        assert_eq!(dirty, vec![3, 5, 6]);
+    }
 }

@@ -111,6 +111,8 @@ pub struct ReplicaSnapshot {
     pub connected: bool,
     /// Reads it served.
     pub reads: u64,
+    /// Its credit gate: window, in flight, last credit.
+    pub qos: crate::qos::ReplicaQos,
     /// State, intent-log bits, resync progress.
     #[serde(flatten)]
     pub status: ReplicaStatus,
@@ -275,10 +277,14 @@ impl Volume {
     /// use when the side channel is there, else only the fallback class;
     /// and only one queue on a target that runs round robin (classes mean
     /// nothing to it). Replicas must have the same size and block size.
+    ///
+    /// `recovering`: the device is taken over from a crashed server (see
+    /// [`Replication::open`]).
     pub fn connect(
         config: VolumeConfig,
         host: HostIdentity,
         priority: Priority,
+        recovering: bool,
     ) -> Result<Self, Error> {
         let replicated = config.replicas.len() > 1;
         let mut targets = Vec::new();
@@ -320,7 +326,12 @@ impl Volume {
                 .iter()
                 .map(|t| replica_identity(&t.spec.subnqn, t.spec.nsid, &t.identity.serial))
                 .collect();
-            Some(Replication::open(&config, &ids, geometry.size_bytes())?)
+            Some(Replication::open(
+                &config,
+                &ids,
+                geometry.size_bytes(),
+                recovering,
+            )?)
         } else {
             None
         };
@@ -372,6 +383,7 @@ impl Volume {
         let Some(rep) = &self.replication else {
             return Vec::new();
         };
+        let qos = self.qos.replica_snapshot(self.targets.len());
         rep.status()
             .into_iter()
             .zip(&self.targets)
@@ -384,6 +396,7 @@ impl Volume {
                     .replica_reads
                     .get(i)
                     .map_or(0, |a| a.load(Ordering::Relaxed)),
+                qos: qos.get(i).copied().unwrap_or_default(),
                 status,
             })
             .collect()
