@@ -1,7 +1,8 @@
 # vm-timeout: 420
 # Client-side QoS of ublk-nvmf:
 # (a) a gimbal-target whose switch grants few credits (qos = "gimbal",
-#     single_tenant_slots = 2, on a ram namespace): under fio qd 64 the
+#     single_tenant_slots = 2, on a ram namespace; its credit is at most
+#     2 slots x 32 I/Os of 4 KiB = 64): under fio qd 128 the
 #     volume follows the target's credits (window source "target"), never
 #     admits a request above its credit (over_credit stays 0), and the
 #     target's per-tenant queue (gimbal-view status lines) is much shorter
@@ -85,15 +86,17 @@ target_view() {
 }
 mean_col() { awk -v c="$1" '{ s += $c; n++ } END { if (n) printf "%d", s / n; else print 0 }'; }
 max_col() { awk -v c="$1" 'BEGIN { m = 0 } $c > m { m = $c } END { print m }'; }
-# run_a MODE: the volume with credits=MODE under fio qd 64 for 10 s.
+# run_a MODE: the volume with credits=MODE under fio qd 128 (above any
+# credit two 128 KiB slots give, so the gate must hold requests back) for
+# 10 s.
 run_a() {
     ublk_volume_config /tmp/qa.toml qa 127.0.0.1 4420 $GNQN 1 1
     printf '[qos]\ncredits = "%s"\n' "$1" >>/tmp/qa.toml
     check_output "(a) credits=$1: add a volume on the gimbal namespace" "^/dev/ublkb0$" \
         ublk-nvmf add --config /tmp/qa.toml
     from=$(($(wc -l <"$LOGDIR/daemon-gimbal.log") + 1))
-    check "(a) credits=$1: fio randrw 4k qd 64, 10 s" fio --name=credits --filename=/dev/ublkb0 \
-        --ioengine=libaio --direct=1 --rw=randrw --bs=4k --iodepth=64 --runtime=10 --time_based \
+    check "(a) credits=$1: fio randrw 4k qd 128, 10 s" fio --name=credits --filename=/dev/ublkb0 \
+        --ioengine=libaio --direct=1 --rw=randrw --bs=4k --iodepth=128 --runtime=10 --time_based \
         --size=64M --randrepeat=0 --norandommap
     st=$(ublk-nvmf status qa --json)
     log "(a) credits=$1 status: $st"
