@@ -16,7 +16,7 @@
 //!   everything queued since the last one, so requests that arrive in the
 //!   same ring pass go out in one write.
 //! - **tick**: a `Timeout` SQE every [`TICK`]: command timeouts, keep-alive
-//!   is on the admin queue (the blocking [`Controller`]'s maintenance thread),
+//!   is on the admin queue (the blocking [`Controller`](nvmf_initiator::blocking::Controller)'s maintenance thread),
 //!   and reconnect: when the controller has been reset (its epoch moved) or
 //!   this queue failed, the queue reconnects in the new epoch and resubmits
 //!   what it held, or fails it once the reconnect policy says so
