@@ -64,7 +64,7 @@ enum Cmd {
         #[arg(required = true)]
         settings: Vec<String>,
     },
-    /// Re-read a running volume's config file and apply its [qos] section.
+    /// Re-read a running volume's config file and apply its `[qos]` section.
     Reload {
         /// Volume name.
         name: String,
