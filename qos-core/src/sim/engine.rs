@@ -293,6 +293,7 @@ impl Engine {
                 spec: w.clone(),
                 rng: SimRng::derive(spec.seed, &format!("worker-{i}")),
                 gate: match spec.scheduler {
+                    _ if w.ignores_credits => ClientGate::Open { in_flight: 0 },
                     SchedulerKind::Gimbal => {
                         let config = CreditGateConfig {
                             mode: CreditMode::Target,

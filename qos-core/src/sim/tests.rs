@@ -158,3 +158,69 @@ fn gimbal_meets_the_bar_at_quick_scale() {
     }
     assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
 }
+
+/// The host and VM fairness benches in miniature (`fairness_replay` in
+/// gimbal-target's examples): a 4 KiB reader alone, a 4 KiB writer alone,
+/// then both, on one switch, with clients that ignore credits as the
+/// kernel host does. The mixed phase starts from the writer's low rate;
+/// once the switch has had the ~0.25 s of device time it needs to ramp up
+/// and settle the write cost, both tenants get about their fair share. In
+/// simulated time only: nothing here depends on the host's speed.
+#[test]
+fn gimbal_settles_to_fair_shares_after_a_writer_alone_phase_without_client_credits() {
+    let seed = seed();
+    let ms = NANOS_PER_MILLI;
+    let (alone, mixed_end) = (100 * ms, 650 * ms);
+    let worker = |write: bool, start: u64, stop: u64| WorkerSpec {
+        start_ns: start,
+        stop_ns: Some(stop),
+        ignores_credits: true,
+        ..if write {
+            WorkerSpec::writer("4K-write", 4 * KIB, 128, AccessPattern::Random)
+        } else {
+            WorkerSpec::reader("4K-read", 4 * KIB, 128, AccessPattern::Random)
+        }
+    };
+    let spec = RunSpec {
+        ssd: SsdModelConfig::dct983_fragmented(),
+        workers: vec![
+            worker(false, 0, alone),
+            worker(true, alone, 2 * alone),
+            worker(false, 2 * alone, mixed_end),
+            worker(true, 2 * alone, mixed_end),
+        ],
+        scheduler: SchedulerKind::Gimbal,
+        params: SchedulerParams {
+            gimbal: crate::config::GimbalConfig::default(),
+            ..SchedulerParams::default()
+        },
+        network: NetworkConfig::default(),
+        duration_ns: mixed_end,
+        warmup_ns: 0,
+        sample_interval_ns: Some(ms),
+        seed,
+    };
+    let result = run(&spec);
+    let mean = |worker: usize, from: u64, to: u64| {
+        let v: Vec<f64> = result
+            .samples
+            .iter()
+            .filter(|s| s.at_ns > from && s.at_ns <= to)
+            .map(|s| s.worker_bandwidth_bytes_per_sec[worker])
+            .collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    let alone_read = mean(0, alone / 2, alone);
+    let alone_write = mean(1, alone + alone / 2, 2 * alone);
+    let from = mixed_end - 100 * ms;
+    let f_read = mean(2, from, mixed_end) / (alone_read / 2.0);
+    let f_write = mean(3, from, mixed_end) / (alone_write / 2.0);
+    for (what, f) in [("reader", f_read), ("writer", f_write)] {
+        assert!(
+            (0.8..=1.25).contains(&f),
+            "{what}'s f-Util {f:.2} (reader {f_read:.2}, writer {f_write:.2}; seed {seed})"
+        );
+    }
+    let cost = result.samples.last().and_then(|s| s.write_cost).unwrap();
+    assert!(cost >= 7.0, "write cost {cost} (seed {seed})");
+}

@@ -40,6 +40,13 @@ pub struct WorkerSpec {
     pub start_ns: u64,
     /// When it stops issuing (outstanding I/Os still complete).
     pub stop_ns: Option<u64>,
+    /// Sends every I/O at once whatever the scheme's credits or window say,
+    /// as the kernel NVMe/TCP host does with a Gimbal target (it ignores
+    /// completion dword 1). Off in the paper's experiments, whose clients
+    /// honour the credits; on to replay the host and VM benches
+    /// (`gimbal-target/examples/fairness_replay.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignores_credits: bool,
 }
 
 impl WorkerSpec {
@@ -54,6 +61,7 @@ impl WorkerSpec {
             rate_limit_bytes_per_sec: None,
             start_ns: 0,
             stop_ns: None,
+            ignores_credits: false,
         }
     }
 
