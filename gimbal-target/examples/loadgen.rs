@@ -12,8 +12,12 @@
 //!
 //! ```sh
 //! cargo run --release -p gimbal-target --example loadgen -- overhead [SECS] [ROUNDS] [JOBS] [QD]
-//! cargo run --release -p gimbal-target --example loadgen -- fairness [SECS] [TIME_SCALE] [sizes|types]
+//! cargo run --release -p gimbal-target --example loadgen -- fairness [SECS] [TIME_SCALE] [sizes|types] [JOBS] [WARMUP_SECS]
 //! ```
+//!
+//! `LOADGEN_TRACE=1` prints the switch's view while it runs
+//! (`LOADGEN_TRACE_MS` apart in fairness runs); `LOADGEN_QOS=gimbal` or
+//! `none` runs only that half of `fairness`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -46,11 +50,13 @@ struct Job {
 }
 
 /// Runs `jobs` (one I/O queue each, on one controller of host `host`) for
-/// `secs`; returns completed bytes per job.
+/// `warmup` + `secs` seconds; returns per job the bytes completed in the
+/// last `secs` and the nanoseconds they took (fio's `ramp_time`).
 fn run_jobs(
     addr: SocketAddr,
     host: &HostIdentity,
     jobs: &[Job],
+    warmup: f64,
     secs: f64,
     stop: Arc<AtomicBool>,
 ) -> Vec<(u64, u64)> {
@@ -105,13 +111,17 @@ fn run_jobs(
                 for _ in 0..job.qd {
                     submit(&mut q, next_slba(), vec![0u8; job.bs as usize]);
                 }
-                let start = Instant::now();
+                let start = Instant::now() + Duration::from_secs_f64(warmup);
                 let deadline = start + Duration::from_secs_f64(secs);
                 let mut done = 0u64;
                 let mut errors = 0u64;
                 while let Some(c) = q.wait() {
                     match &c.result {
-                        Ok(info) if info.status.is_success() => done += 1,
+                        Ok(info) if info.status.is_success() => {
+                            if Instant::now() >= start {
+                                done += 1;
+                            }
+                        }
                         other => {
                             errors += 1;
                             if errors == 1 {
@@ -124,7 +134,7 @@ fn run_jobs(
                         submit(&mut q, next_slba(), buf);
                     }
                 }
-                let elapsed = start.elapsed().as_nanos() as u64;
+                let elapsed = Instant::now().saturating_duration_since(start).as_nanos() as u64;
                 let _ = q.disconnect();
                 (done * u64::from(job.bs), elapsed)
             })
@@ -205,6 +215,7 @@ qos = "gimbal"
                     addr,
                     &host,
                     &vec![job; jobs],
+                    0.0,
                     secs,
                     Arc::new(AtomicBool::new(false)),
                 );
@@ -242,6 +253,31 @@ fn trace_view(pipeline: &gimbal_target::pipeline::Pipeline, done: &AtomicBool) {
                 v.target_rate_bps,
                 v.read_latency_ewma_ns,
                 v.read_latency_threshold_ns,
+                v.allotted_slots,
+                v.in_flight,
+                v.queued
+            );
+        }
+    }
+}
+
+/// Prints the switch's view every `LOADGEN_TRACE_MS` (default 500) ms of
+/// real time during a fairness phase, until `done`.
+fn trace_fairness(phase: &str, pipeline: &gimbal_target::pipeline::Pipeline, done: &AtomicBool) {
+    let ms: u64 = std::env::var("LOADGEN_TRACE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(ms));
+        if let Some(v) = pipeline.virtual_view() {
+            eprintln!(
+                "trace phase={phase} state={:?} rate={} write_cost={:.2} read_ewma={:?} write_ewma={:?} slots={} in_flight={} queued={}",
+                v.congestion_state,
+                v.target_rate_bps,
+                v.write_cost,
+                v.read_latency_ewma_ns,
+                v.write_latency_ewma_ns,
                 v.allotted_slots,
                 v.in_flight,
                 v.queued
@@ -291,7 +327,17 @@ fn fairness(args: &[String]) {
         ),
     };
     let jobs_per_tenant: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4);
+    // Seconds of each phase not measured: the switch adapts on device time
+    // (about e^8 per device second), so after the writer-alone phase it
+    // needs ~0.25 s of device time (25 s at 100x) to reach the mixed
+    // phase's rate; `fairness_replay` shows the same in simulation.
+    let warmup: f64 = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    // LOADGEN_QOS=gimbal (or none) runs only that half.
+    let only = std::env::var("LOADGEN_QOS").ok();
     for (nsid, qos) in [(1u32, "gimbal"), (2, "none")] {
+        if only.as_deref().is_some_and(|o| o != qos) {
+            continue;
+        }
         // A fresh target per qos: the sim device's state (write buffer,
         // GC) must not carry over.
         let t = start(&format!(
@@ -320,44 +366,45 @@ qos = "{qos}"
                 / 1024.0
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let alone_a = bw(&run_jobs(addr, &ha, &ja, secs, stop.clone()));
         let trace = std::env::var_os("LOADGEN_TRACE").is_some();
-        let done_flag = AtomicBool::new(false);
-        let alone_b = std::thread::scope(|s| {
-            let done = &done_flag;
-            let ns = t.target().subsystems[SUBNQN].namespaces[&nsid].clone();
-            if trace {
-                s.spawn(move || {
-                    while !done.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(500));
-                        if let Some(v) = ns.pipeline.virtual_view() {
-                            eprintln!(
-                                "trace state={:?} rate={} read_ewma={:?} thresh={} slots={} in_flight={} queued={}",
-                                v.congestion_state,
-                                v.target_rate_bps,
-                                v.read_latency_ewma_ns,
-                                v.read_latency_threshold_ns,
-                                v.allotted_slots,
-                                v.in_flight,
-                                v.queued
-                            );
-                        }
-                    }
-                });
-            }
-            let r = bw(&run_jobs(addr, &hb, &jb, secs, stop.clone()));
-            done.store(true, Ordering::Relaxed);
-            r
+        let ns = t.target().subsystems[SUBNQN].namespaces[&nsid].clone();
+        // Runs one phase, tracing the switch's view meanwhile if asked.
+        let phase = |name: &str, f: &(dyn Fn() -> (f64, f64) + Sync)| -> (f64, f64) {
+            let done_flag = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                if trace {
+                    let done = &done_flag;
+                    let ns = &ns;
+                    s.spawn(move || trace_fairness(name, &ns.pipeline, done));
+                }
+                let r = f();
+                done_flag.store(true, Ordering::Relaxed);
+                r
+            })
+        };
+        let (alone_a, _) = phase("alone_a", &|| {
+            (
+                bw(&run_jobs(addr, &ha, &ja, warmup, secs, stop.clone())),
+                0.0,
+            )
         });
-        let (mix_a, mix_b) = std::thread::scope(|s| {
-            let ta = s.spawn(|| bw(&run_jobs(addr, &ha, &ja, secs, stop.clone())));
-            let mb = bw(&run_jobs(addr, &hb, &jb, secs, stop.clone()));
-            (ta.join().unwrap(), mb)
+        let (_, alone_b) = phase("alone_b", &|| {
+            (
+                0.0,
+                bw(&run_jobs(addr, &hb, &jb, warmup, secs, stop.clone())),
+            )
+        });
+        let (mix_a, mix_b) = phase("mixed", &|| {
+            std::thread::scope(|s| {
+                let ta = s.spawn(|| bw(&run_jobs(addr, &ha, &ja, warmup, secs, stop.clone())));
+                let mb = bw(&run_jobs(addr, &hb, &jb, warmup, secs, stop.clone()));
+                (ta.join().unwrap(), mb)
+            })
         });
         let fa = mix_a / (alone_a / 2.0);
         let fb = mix_b / (alone_b / 2.0);
         println!(
-            "BENCH experiment={which} qos={qos} time_scale={scale} alone_a_kibps={alone_a:.0} alone_b_kibps={alone_b:.0} mixed_a_kibps={mix_a:.0} mixed_b_kibps={mix_b:.0} futil_a={fa:.2} futil_b={fb:.2}"
+            "BENCH experiment={which} qos={qos} time_scale={scale} warmup_s={warmup} alone_a_kibps={alone_a:.0} alone_b_kibps={alone_b:.0} mixed_a_kibps={mix_a:.0} mixed_b_kibps={mix_b:.0} futil_a={fa:.2} futil_b={fb:.2}"
         );
         if let Some(view) = t
             .target()
@@ -386,7 +433,7 @@ fn main() {
         Some("overhead") => overhead(&args[1..]),
         Some("fairness") => fairness(&args[1..]),
         _ => {
-            eprintln!("usage: loadgen overhead [SECS] [ROUNDS] [JOBS] [QD] | fairness [SECS] [TIME_SCALE] [sizes|types] [JOBS]");
+            eprintln!("usage: loadgen overhead [SECS] [ROUNDS] [JOBS] [QD] | fairness [SECS] [TIME_SCALE] [sizes|types] [JOBS] [WARMUP_SECS]");
             std::process::exit(2);
         }
     }
