@@ -19,11 +19,23 @@
 #   completion, about e^8 per device second, so recovering from 1.3 to 3.2
 #   GB/s takes ~0.1 s of device time = 30 s of real time at 300x. RAMP
 #   seconds of warm-up per phase let it settle before fio measures.
+# - The mixed phase starts from the state the B-alone phase left. After
+#   writes alone (fragmented: ~190 MB/s) the rate must grow ~4x, and the
+#   write cost settles only once it has (while the rate holds the device
+#   below capacity the write buffer absorbs the writer's share, so by
+#   §3.4 the cost walks down, and the writer is over-served until the
+#   first overload puts it back). That takes ~0.25 s of device time
+#   (`cargo run --release -p gimbal-target --example fairness_replay --
+#   PHASE_MS WARMUP_MS` replays this bench in the simulation: 0.40-0.63 /
+#   1.29-1.46 with the old 83 ms of warm-up, 1.01-1.03 / 1.05-1.06 with
+#   250 ms), so mixed phases warm up MIX_RAMP seconds (75 s = 250 ms at
+#   300x).
 . /vm/lib.sh
 . /vm/gimbal.sh
 
 SECS=${BENCH_SECS:-15}
 RAMP=${BENCH_RAMP:-25}
+MIX_RAMP=${BENCH_MIX_RAMP:-75}
 SCALE=${BENCH_SCALE:-300}
 HOST_A=$(cat /etc/nvme/hostnqn)
 HOST_B=nqn.2014-08.org.nvmexpress:uuid:4b1d9a7e-0d6e-4c1b-9a55-8f0c2a7e1b02
@@ -62,11 +74,11 @@ dev_for() {
     return 1
 }
 
-# bw_kib DEV RW BS QD: read or write KiB/s of one timed fio run (4 jobs of
-# queue depth QD, reported together).
+# bw_kib DEV RW BS QD [RAMP]: read or write KiB/s of one timed fio run (4
+# jobs of queue depth QD, reported together).
 bw_kib() {
     fio --name=w --filename="$1" --ioengine=libaio --direct=1 --rw="$2" --bs="$3" --iodepth="$4" \
-        --numjobs=4 --group_reporting --runtime=$SECS --time_based --ramp_time=$RAMP --size=512M \
+        --numjobs=4 --group_reporting --runtime=$SECS --time_based --ramp_time=${5:-$RAMP} --size=512M \
         --randrepeat=0 --norandommap --output-format=terse --terse-version=3 2>/dev/null |
         awk -F';' '/^3;/ { print $7 + $48 }'
 }
@@ -91,9 +103,9 @@ run_pair() { # LABEL PROFILE RW_A BS_A QD_A RW_B BS_B QD_B
         a=$(dev_for $nqn $HOST_A) b=$(dev_for $nqn $HOST_B)
         alone_a=$(bw_kib "$a" $3 $4 $5)
         alone_b=$(bw_kib "$b" $6 $7 $8)
-        bw_kib "$a" $3 $4 $5 >/tmp/mix_a &
+        bw_kib "$a" $3 $4 $5 $MIX_RAMP >/tmp/mix_a &
         pa=$!
-        bw_kib "$b" $6 $7 $8 >/tmp/mix_b
+        bw_kib "$b" $6 $7 $8 $MIX_RAMP >/tmp/mix_b
         wait $pa
         mix_a=$(cat /tmp/mix_a) mix_b=$(cat /tmp/mix_b)
         if [ -z "$alone_a" ] || [ -z "$alone_b" ] || [ -z "$mix_a" ] || [ -z "$mix_b" ]; then
@@ -110,6 +122,6 @@ run_pair() { # LABEL PROFILE RW_A BS_A QD_A RW_B BS_B QD_B
     stop_daemon gimbal
 }
 
-log "sim device at ${SCALE}x, ${RAMP}s warm-up + ${SECS}s measured per phase"
+log "sim device at ${SCALE}x, ${RAMP}s warm-up (mixed: ${MIX_RAMP}s) + ${SECS}s measured per phase"
 run_pair sizes-clean clean randread 4k 32 randread 128k 4
 run_pair types-fragmented fragmented randread 4k 32 randwrite 4k 32
