@@ -726,7 +726,17 @@ impl Engine {
                 self.on_failure(p, nvmf_initiator::Error::QueueClosed);
             }
             if self.paths[p].conn.is_none() {
-                if vol.replication.is_some() {
+                if let Some(rep) = &vol.replication {
+                    let r = self.paths[p].replica;
+                    // Requests wait on a path whose controller is down
+                    // (it never connected, or was reset while idle): the
+                    // replica has failed for them, as if the connection
+                    // had broken under them.
+                    if !ctrl.is_live() && !self.paths[p].held.is_empty() && !rep.is_out(r) {
+                        if let Err(e) = rep.path_failed(r) {
+                            log::error!("{}: {e}", vol.config.name);
+                        }
+                    }
                     self.drop_if_out(p);
                 }
                 if let Err(e) = ctrl.disposition() {
