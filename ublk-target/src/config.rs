@@ -244,6 +244,7 @@ struct RawQos {
     wbps_burst: Option<Spanned<i64>>,
     estimate_latency_min_us: Option<Spanned<i64>>,
     estimate_latency_max_us: Option<Spanned<i64>>,
+    estimate_base_window_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -706,6 +707,12 @@ fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
         "qos.estimate_latency_max_us",
         c.estimate_latency_max_us,
     )?;
+    c.estimate_base_window_ms = cx.int(
+        &q.estimate_base_window_ms,
+        "qos.estimate_base_window_ms",
+        c.estimate_base_window_ms as i64,
+        1..=3_600_000,
+    )? as u64;
     if let Err(e) = c.validate() {
         let at = q
             .estimate_latency_max_us

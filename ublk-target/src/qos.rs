@@ -70,6 +70,9 @@ pub struct QosConfig {
     pub estimate_latency_min_us: u64,
     /// Upper threshold (µs).
     pub estimate_latency_max_us: u64,
+    /// How long a minimum-latency sample counts as the path's base
+    /// latency (ms; qos-core `CreditGateConfig::base_window_ms`).
+    pub estimate_base_window_ms: u64,
 }
 
 impl QosConfig {
@@ -83,6 +86,7 @@ impl QosConfig {
             limits: RateLimits::default(),
             estimate_latency_min_us: g.estimator.latency_threshold_min_us,
             estimate_latency_max_us: g.estimator.latency_threshold_max_us,
+            estimate_base_window_ms: g.base_window_ms,
         }
     }
 
@@ -95,6 +99,7 @@ impl QosConfig {
         };
         c.estimator.latency_threshold_min_us = self.estimate_latency_min_us;
         c.estimator.latency_threshold_max_us = self.estimate_latency_max_us;
+        c.base_window_ms = self.estimate_base_window_ms;
         c
     }
 
