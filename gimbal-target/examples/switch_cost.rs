@@ -8,8 +8,12 @@
 //! device looks idle and fast, the token buckets always admit the head
 //! request, and nothing is ever held back. Wall time is measured apart.
 //!
+//! Requests go in as the pipeline submits them, with `submit_dispatch`
+//! (a request that finds the switch empty leaves without queueing); with
+//! `poll` as second argument, with `submit` and then `poll_dispatch`.
+//!
 //! ```sh
-//! cargo run --release -p gimbal-target --example switch_cost [REQUESTS]
+//! cargo run --release -p gimbal-target --example switch_cost [REQUESTS] [poll]
 //! valgrind --tool=callgrind target/release/examples/switch_cost 200000
 //! ```
 
@@ -37,6 +41,7 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(2_000_000);
+    let poll_only = std::env::args().nth(2).as_deref() == Some("poll");
     let mut in_flight = VecDeque::with_capacity(DEPTH as usize);
     let start = Instant::now();
     let mut now = Nanos(0);
@@ -45,8 +50,15 @@ fn main() {
     while completed < n {
         now = now.saturating_add_nanos(STEP_NS);
         while submitted - completed < DEPTH && submitted < n {
-            sw.submit(now, TenantId(0), IoKind::Read, 4096, 0, submitted)
-                .unwrap();
+            if poll_only {
+                sw.submit(now, TenantId(0), IoKind::Read, 4096, 0, submitted)
+                    .unwrap();
+            } else {
+                let (_, d) = sw
+                    .submit_dispatch(now, TenantId(0), IoKind::Read, 4096, 0, submitted)
+                    .unwrap();
+                in_flight.extend(d.map(|d| d.id));
+            }
             submitted += 1;
         }
         while let Some(d) = sw.poll_dispatch(now) {

@@ -39,6 +39,7 @@ use qos_core::class_arbiter::{ArbiterConfig, ClassArbiter, QueueId};
 use qos_core::config::GimbalConfig;
 use qos_core::error::QosError;
 use qos_core::priority::NvmeClass;
+use qos_core::scheduler::Dispatched;
 use qos_core::switch::{GimbalSwitch, VirtualView};
 use qos_core::time::Nanos;
 use qos_core::types::{IoKind, RequestId, TenantId};
@@ -591,9 +592,22 @@ impl GimbalStage {
             let _ = st.switch.add_tenant(TenantId(tenant));
         }
         let now = self.now_locked(&mut st);
+        let payload = Queued { op, done };
+        if self.mode == Mode::Inline {
+            // Nearly always the switch is empty here (inline requests
+            // leave as they come): the request goes out without queueing.
+            match st
+                .switch
+                .submit_dispatch(now, TenantId(tenant), kind, bytes, 0, payload)
+            {
+                Ok((_, first)) => self.pump_inline(st, now, first),
+                Err(e) => log::error!("gimbal switch refused a request: {e}"),
+            }
+            return;
+        }
         if let Err(e) = st
             .switch
-            .submit(now, TenantId(tenant), kind, bytes, 0, Queued { op, done })
+            .submit(now, TenantId(tenant), kind, bytes, 0, payload)
         {
             // Only unknown-tenant errors exist here, and the tenant was
             // just added; log rather than lose the request silently.
@@ -627,7 +641,7 @@ impl GimbalStage {
     /// runs it; wakes the pacing timer if nothing went and it must.
     fn dispatch_from<'a>(self: &'a Arc<Self>, mut st: MutexGuard<'a, GimbalState>, now: Nanos) {
         if self.mode == Mode::Inline {
-            self.pump_inline(st, now);
+            self.pump_inline(st, now, None);
         } else {
             let ready = Self::drain(&mut st, now);
             if ready.is_empty() {
@@ -647,13 +661,21 @@ impl GimbalStage {
     /// between one request's completion and the next one's dispatch
     /// either, that completion time is the next dispatch time: one clock
     /// read per request.
-    fn pump_inline<'a>(self: &'a Arc<Self>, mut st: MutexGuard<'a, GimbalState>, mut now: Nanos) {
+    ///
+    /// `dispatched` is a request the switch already released at `now`
+    /// (from `submit_dispatch`); it runs first.
+    fn pump_inline<'a>(
+        self: &'a Arc<Self>,
+        mut st: MutexGuard<'a, GimbalState>,
+        mut now: Nanos,
+        mut dispatched: Option<Dispatched<Queued>>,
+    ) {
         // The first finished request, then any others: one request per
         // submission is the common case and needs no allocation.
         let mut first: Option<(Completion, IoDone)> = None;
         let mut rest = Vec::new();
         loop {
-            let Some(d) = st.switch.poll_dispatch(now) else {
+            let Some(d) = dispatched.take().or_else(|| st.switch.poll_dispatch(now)) else {
                 self.wake_timer_if_needed(&mut st, now);
                 break;
             };

@@ -740,15 +740,48 @@ impl<T> VirtualSlotScheduler<T> {
         candidate: Candidate,
         dispatched_at: Nanos,
     ) -> Dispatched<T> {
-        let allotted = self.allotted_slots();
-        let slot_size = self.slot_size_bytes;
         let state = Self::state_in(&mut self.tenants, candidate.index);
         let request = state
             .pop_head(&self.priority_weights)
             .expect("candidate is queued");
         debug_assert_eq!(request.id, candidate.id);
         self.queued_total -= 1;
-        state.deficit_bytes -= candidate.weighted_bytes;
+        self.charge_dispatch(
+            candidate.index,
+            request.id,
+            request.kind,
+            request.bytes,
+            candidate.weighted_bytes,
+            dispatched_at,
+        );
+        Dispatched {
+            id: request.id,
+            tenant: candidate.tenant,
+            kind: request.kind,
+            bytes: request.bytes,
+            priority: request.priority,
+            enqueued_at: request.enqueued_at,
+            payload: request.payload,
+        }
+    }
+
+    /// What dispatching a request taken off tenant `index`'s queues does
+    /// besides the queues (its `queued` count already lowered): charges
+    /// the deficit and the open virtual slot, counts it in flight, moves
+    /// the tenant off the active list if it has nothing left or no slot.
+    fn charge_dispatch(
+        &mut self,
+        index: TenantIndex,
+        id: RequestId,
+        kind: IoKind,
+        bytes: u64,
+        weighted_bytes: u64,
+        dispatched_at: Nanos,
+    ) {
+        let allotted = self.allotted_slots();
+        let slot_size = self.slot_size_bytes;
+        let state = Self::state_in(&mut self.tenants, index);
+        state.deficit_bytes -= weighted_bytes;
         let slot_seq = match state.open_slot {
             Some(seq) => seq,
             None => {
@@ -761,15 +794,15 @@ impl<T> VirtualSlotScheduler<T> {
         };
         let slot = state.slot_mut(slot_seq).expect("open slot exists");
         slot.submits += 1;
-        slot.weighted_bytes = slot.weighted_bytes.saturating_add(candidate.weighted_bytes);
+        slot.weighted_bytes = slot.weighted_bytes.saturating_add(weighted_bytes);
         if slot.weighted_bytes >= slot_size {
             slot.full = true;
             state.open_slot = None;
         }
         state.in_flight += 1;
         state.stats.dispatched_ios += 1;
-        state.stats.dispatched_bytes += request.bytes;
-        state.stats.dispatched_weighted_bytes += candidate.weighted_bytes;
+        state.stats.dispatched_bytes += bytes;
+        state.stats.dispatched_weighted_bytes += weighted_bytes;
         if state.queued == 0 {
             state.list = ListMembership::Idle;
             state.deficit_bytes = 0;
@@ -778,27 +811,132 @@ impl<T> VirtualSlotScheduler<T> {
             state.list = ListMembership::Deferred;
             state.deficit_bytes = 0;
             self.pop_active_front();
-            self.deferred.push_back(candidate.index);
+            self.deferred.push_back(index);
         }
         self.in_flight.insert(
-            request.id,
+            id,
             InFlight {
-                tenant: candidate.index,
+                tenant: index,
                 slot_seq,
-                kind: request.kind,
-                bytes: request.bytes,
+                kind,
+                bytes,
                 dispatched_at,
             },
         );
-        Dispatched {
-            id: request.id,
-            tenant: candidate.tenant,
-            kind: request.kind,
-            bytes: request.bytes,
-            priority: request.priority,
-            enqueued_at: request.enqueued_at,
-            payload: request.payload,
+    }
+
+    /// [`enqueue`](Self::enqueue) and, when no other request is queued
+    /// (both lists empty), what [`next_candidate`](Self::next_candidate),
+    /// `admit` (the caller's token bucket check) and
+    /// [`dispatch_candidate`](Self::dispatch_candidate) would do next:
+    /// the same state and the same request handed back, but a request
+    /// that goes out at once never enters a queue, and the tenant never
+    /// enters the active list it would leave right away. That is the
+    /// common case of a switch in front of a fast device (every request
+    /// finds the switch empty), and it skips most of a request's moves.
+    /// With other requests queued it only enqueues (`None`): the caller
+    /// polls as after [`enqueue`](Self::enqueue).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn enqueue_dispatch(
+        &mut self,
+        now: Nanos,
+        tenant: TenantId,
+        kind: IoKind,
+        bytes: u64,
+        priority: u8,
+        payload: T,
+        write_cost: f64,
+        admit: impl FnOnce(IoKind, u64) -> bool,
+    ) -> Result<(RequestId, Option<Dispatched<T>>)> {
+        if !self.active.is_empty() || !self.deferred.is_empty() {
+            let id = self.enqueue(now, tenant, kind, bytes, priority, payload)?;
+            return Ok((id, None));
         }
+        let &index = self
+            .index
+            .get(&tenant)
+            .ok_or(QosError::UnknownTenant(tenant))?;
+        let state = self.state(index);
+        let was_contending = state.is_contending();
+        // The allotment `next_candidate` would use after the enqueue
+        // counted the tenant (never more than the one before it, which
+        // `enqueue` checks for the active list: room now means room then).
+        let allotted = if was_contending {
+            self.allotted
+        } else {
+            Self::allotment(self.single_tenant_slots, self.contending_tenants + 1)
+        };
+        let weighted_bytes = Self::weighted(kind, bytes, write_cost);
+        let fits = weighted_bytes <= state.deficit_bytes;
+        let granted = !fits
+            && !self.head_quantum_granted
+            && weighted_bytes <= state.deficit_bytes.saturating_add(self.quantum_bytes);
+        if state.list != ListMembership::Idle
+            || !state.has_slot_room(allotted)
+            || !(fits || granted)
+        {
+            // The general case (no slot, or a request larger than a
+            // quantum): the long way, with the same outcome.
+            let id = self.enqueue(now, tenant, kind, bytes, priority, payload)?;
+            let Some(candidate) = self.next_candidate(write_cost) else {
+                return Ok((id, None));
+            };
+            debug_assert_eq!(candidate.id, id);
+            if !admit(candidate.kind, candidate.bytes) {
+                return Ok((id, None));
+            }
+            return Ok((id, Some(self.dispatch_candidate(candidate, now))));
+        }
+        let id = RequestId(self.next_request_id);
+        self.next_request_id += 1;
+        if !was_contending {
+            self.set_contending(self.contending_tenants + 1);
+        }
+        let levels = self.priority_weights.len();
+        let level = usize::from(priority).min(levels - 1);
+        let state = Self::state_in(&mut self.tenants, index);
+        if granted {
+            self.head_quantum_granted = true;
+            state.deficit_bytes = state.deficit_bytes.saturating_add(self.quantum_bytes);
+        }
+        if !admit(kind, bytes) {
+            // Held back by the tokens: queued and at the head of the
+            // active list, as `enqueue` and `next_candidate` leave it.
+            state.queues[level].push_back(Queued {
+                id,
+                kind,
+                bytes,
+                priority: level as u8,
+                enqueued_at: now,
+                payload,
+            });
+            state.queued += 1;
+            self.queued_total += 1;
+            state.list = ListMembership::Active;
+            self.active.push_back(index);
+            return Ok((id, None));
+        }
+        // `pop_head` with this request alone in the queues: the level's
+        // turn goes on if it holds the cursor with turns left, else a new
+        // turn starts there.
+        if !(state.priority_cursor == level && state.priority_turn_left > 0) {
+            state.priority_cursor = level;
+            state.priority_turn_left = self.priority_weights[level];
+        }
+        state.priority_turn_left -= 1;
+        self.charge_dispatch(index, id, kind, bytes, weighted_bytes, now);
+        Ok((
+            id,
+            Some(Dispatched {
+                id,
+                tenant,
+                kind,
+                bytes,
+                priority: level as u8,
+                enqueued_at: now,
+                payload,
+            }),
+        ))
     }
 
     /// Records the completion of a dispatched request (Algorithm 2
