@@ -17,6 +17,16 @@
 //! digest settings can be changed between two PDUs, which is what happens
 //! right after the ICReq/ICResp exchange.
 //!
+//! A receiver that wants a data PDU's payload somewhere other than its
+//! receive buffer (straight into the command's I/O buffer) calls
+//! [`PduDecoder::decode_data_header`] instead: it returns the header of an
+//! H2CData or C2HData PDU as soon as everything before the data is in
+//! (common header, PDU header, header digest, padding up to PDO), checked
+//! exactly as [`PduDecoder::decode`] checks those bytes (the same code), so
+//! the caller can validate it against its command and then receive
+//! [`DataHeader::datal`] bytes of data and the data digest wherever it
+//! likes.
+//!
 //! [`PduReader`] wraps the decoder with an owned buffer for callers that
 //! just push bytes as they arrive.
 
@@ -85,6 +95,80 @@ pub enum Decoded<'a> {
     },
 }
 
+/// Result of one [`PduDecoder::decode_data_header`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataHeaderDecoded {
+    /// Exactly this many more bytes are needed before the header is known
+    /// (or, for the first 8 bytes, before the PDU type is).
+    NeedMore(usize),
+    /// The PDU at the start of the buffer is valid so far but not a data
+    /// PDU: decode it with [`PduDecoder::decode`].
+    NotData,
+    /// The header of an H2CData or C2HData PDU; its first
+    /// [`DataHeader::data_offset`] bytes are the header, the data follows.
+    Header(DataHeader),
+}
+
+/// The header of a data PDU (H2CData or C2HData), validated as
+/// [`PduDecoder::decode`] validates it; the data is not part of it.
+///
+/// ```text
+/// | CH | PSH | HDGST | PAD | DATA (datal) | DDGST (0/4) |
+/// 0                      data_offset      plen - trailer_len  plen
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DataHeader {
+    /// [`pdu_type::H2C_DATA`] or [`pdu_type::C2H_DATA`].
+    pub pdu_type: u8,
+    /// CCCID: the command's CID.
+    pub cccid: u16,
+    /// TTAG (H2CData); zero for C2HData.
+    pub ttag: u16,
+    /// DATAO: offset of the data within the command's buffer.
+    pub datao: u32,
+    /// DATAL: data bytes; never zero, at most the configured maximum.
+    pub datal: u32,
+    /// LAST_PDU flag.
+    pub last: bool,
+    /// SUCCESS flag (C2HData only; implies `last`).
+    pub success: bool,
+    /// Bytes before the data (PDO): header, header digest, padding.
+    pub data_offset: usize,
+    /// A 4-byte data digest follows the data.
+    pub data_digest: bool,
+    /// The whole PDU's length (PLEN).
+    pub plen: usize,
+}
+
+impl DataHeader {
+    /// Bytes after the data: the data digest, if any.
+    pub const fn trailer_len(&self) -> usize {
+        if self.data_digest {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Compare the CRC32C a receiver computed over the data with the digest
+    /// it received after it; a mismatch is the same
+    /// [`ProtoError::DataDigestMismatch`] that [`PduDecoder::decode`]
+    /// reports for this PDU.
+    pub fn check_data_digest(&self, computed: u32, received: u32) -> Result<(), ProtoError> {
+        if computed == received {
+            return Ok(());
+        }
+        Err(ProtoError::DataDigestMismatch {
+            pdu_type: self.pdu_type,
+            command_id: self.cccid,
+            transfer_tag: self.ttag,
+            consumed: self.plen,
+            computed,
+            received,
+        })
+    }
+}
+
 /// Where things are in a PDU whose common header passed validation.
 #[derive(Debug, Clone, Copy)]
 struct Layout {
@@ -138,18 +222,11 @@ impl PduDecoder {
     /// Decode the PDU at the start of `buf`. Never panics, never allocates;
     /// `consumed` never exceeds `buf.len()`.
     pub fn decode<'b>(&self, buf: &'b [u8]) -> Result<Decoded<'b>, ProtoError> {
-        let Some(header) = CommonHeader::parse(buf) else {
-            return Ok(Decoded::NeedMore(COMMON_HEADER_LEN - buf.len()));
+        let layout = match self.check_head(buf)? {
+            Ok(layout) => layout,
+            Err(need) => return Ok(Decoded::NeedMore(need)),
         };
-        let layout = self.validate_common_header(header)?;
-        // The header digest is checked as soon as the header is in, so a
-        // corrupted header is reported without waiting for a body whose
-        // length came from that header.
-        if layout.header_digest {
-            if let Some(digested) = buf.get(..layout.hlen + DIGEST_LEN) {
-                check_header_digest(header.pdu_type, digested)?;
-            }
-        }
+        let header = layout.header;
         let Some(pdu_bytes) = buf.get(..layout.plen) else {
             return Ok(Decoded::NeedMore(layout.plen - buf.len()));
         };
@@ -179,6 +256,52 @@ impl PduDecoder {
             pdu,
             consumed: layout.plen,
         })
+    }
+
+    /// The header of the data PDU (H2CData or C2HData) at the start of
+    /// `buf`, as soon as the bytes before its data are in, without waiting
+    /// for the data. Never panics, never allocates.
+    ///
+    /// The bytes are checked by the same code and in the same order as in
+    /// [`PduDecoder::decode`] (common header, header digest, DATAL against
+    /// PLEN and PDO), so a bad header gives the same error, only possibly
+    /// sooner. What `decode` would still check is left to the caller: the
+    /// data digest ([`DataHeader::check_data_digest`] over the
+    /// [`DataHeader::datal`] bytes at [`DataHeader::data_offset`]).
+    pub fn decode_data_header(&self, buf: &[u8]) -> Result<DataHeaderDecoded, ProtoError> {
+        let layout = match self.check_head(buf)? {
+            Ok(layout) => layout,
+            Err(need) => return Ok(DataHeaderDecoded::NeedMore(need)),
+        };
+        let t = layout.header.pdu_type;
+        if t != pdu_type::H2C_DATA && t != pdu_type::C2H_DATA {
+            return Ok(DataHeaderDecoded::NotData);
+        }
+        // A data PDU always has data (validate_common_header refuses one
+        // without), so the PDO it points to lies past the header digest.
+        let Some(head) = buf.get(..layout.data_start) else {
+            return Ok(DataHeaderDecoded::NeedMore(layout.data_start - buf.len()));
+        };
+        parse_data_header(&layout, head).map(DataHeaderDecoded::Header)
+    }
+
+    /// What `decode` and `decode_data_header` check before the PDU's body:
+    /// the common header and, once it is in, the header digest. `Err(n)`
+    /// inside: `n` more bytes are needed for the common header.
+    fn check_head(&self, buf: &[u8]) -> Result<Result<Layout, usize>, ProtoError> {
+        let Some(header) = CommonHeader::parse(buf) else {
+            return Ok(Err(COMMON_HEADER_LEN - buf.len()));
+        };
+        let layout = self.validate_common_header(header)?;
+        // The header digest is checked as soon as the header is in, so a
+        // corrupted header is reported without waiting for a body whose
+        // length came from that header.
+        if layout.header_digest {
+            if let Some(digested) = buf.get(..layout.hlen + DIGEST_LEN) {
+                check_header_digest(header.pdu_type, digested)?;
+            }
+        }
+        Ok(Ok(layout))
     }
 
     /// Check the common header against the PDU type's rules, lowest field
@@ -400,7 +523,6 @@ fn check_header_digest(pdu_type: u8, b: &[u8]) -> Result<(), ProtoError> {
 /// and `layout` has been validated against it.
 fn parse_pdu<'b>(layout: &Layout, b: &'b [u8]) -> Result<Pdu<'b>, ProtoError> {
     let t = layout.header.pdu_type;
-    let flags = layout.header.flags;
     let data = || Cow::Borrowed(&b[layout.data_start..layout.data_start + layout.data_len]);
     let invalid = |field, fei, reason| ProtoError::InvalidHeaderField {
         pdu_type: t,
@@ -488,24 +610,21 @@ fn parse_pdu<'b>(layout: &Layout, b: &'b [u8]) -> Result<Pdu<'b>, ProtoError> {
             })
         }
         pdu_type::H2C_DATA | pdu_type::C2H_DATA => {
-            if get_u32(b, 16) as usize != layout.data_len {
-                return Err(invalid("DATAL", 16, "DATAL does not match PLEN and PDO"));
-            }
-            let last = flags & pdu_flags::LAST_PDU != 0;
+            let h = parse_data_header(layout, b)?;
             if t == pdu_type::H2C_DATA {
                 Pdu::H2CData(H2CData {
-                    cccid: get_u16(b, 8),
-                    ttag: get_u16(b, 10),
-                    datao: get_u32(b, 12),
-                    last,
+                    cccid: h.cccid,
+                    ttag: h.ttag,
+                    datao: h.datao,
+                    last: h.last,
                     data: data(),
                 })
             } else {
                 Pdu::C2HData(C2HData {
-                    cccid: get_u16(b, 8),
-                    datao: get_u32(b, 12),
-                    last,
-                    success: flags & pdu_flags::SUCCESS != 0,
+                    cccid: h.cccid,
+                    datao: h.datao,
+                    last: h.last,
+                    success: h.success,
                     data: data(),
                 })
             }
@@ -526,6 +645,35 @@ fn parse_pdu<'b>(layout: &Layout, b: &'b [u8]) -> Result<Pdu<'b>, ProtoError> {
         _ => return Err(invalid("PDU-Type", 0, "unknown PDU type")),
     };
     Ok(pdu)
+}
+
+/// The PDU specific header of an H2CData or C2HData PDU; `b` holds at
+/// least its HLEN bytes and `layout` has been validated for it.
+fn parse_data_header(layout: &Layout, b: &[u8]) -> Result<DataHeader, ProtoError> {
+    let t = layout.header.pdu_type;
+    let flags = layout.header.flags;
+    if get_u32(b, 16) as usize != layout.data_len {
+        return Err(ProtoError::InvalidHeaderField {
+            pdu_type: t,
+            field: "DATAL",
+            fei: 16,
+            reason: "DATAL does not match PLEN and PDO",
+        });
+    }
+    let h2c = t == pdu_type::H2C_DATA;
+    Ok(DataHeader {
+        pdu_type: t,
+        cccid: get_u16(b, 8),
+        ttag: if h2c { get_u16(b, 10) } else { 0 },
+        datao: get_u32(b, 12),
+        // validate_common_header bounds data_len by max_data_len (a u32).
+        datal: layout.data_len as u32,
+        last: flags & pdu_flags::LAST_PDU != 0,
+        success: !h2c && flags & pdu_flags::SUCCESS != 0,
+        data_offset: layout.data_start,
+        data_digest: layout.data_digest,
+        plen: layout.plen,
+    })
 }
 
 /// A [`PduDecoder`] with its own receive buffer: push bytes as they arrive,

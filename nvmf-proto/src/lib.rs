@@ -8,7 +8,9 @@
 //!   and encoding ([`Pdu::encode`], [`Pdu::encode_head`]).
 //! - [`decoder`]: the streaming decoder ([`PduDecoder::decode`] returns
 //!   [`Decoded::NeedMore`] or a PDU; errors say which field is wrong and
-//!   which TermReq to send), and [`PduReader`], a decoder with its own buffer.
+//!   which TermReq to send), [`PduDecoder::decode_data_header`] for a data
+//!   PDU's header before its data (to receive the data in place), and
+//!   [`PduReader`], a decoder with its own buffer.
 //! - [`sqe`], [`cqe`], [`status`]: the 64-byte command, 16-byte completion,
 //!   SGL descriptors, and NVMe status codes as data.
 //! - [`command`], [`fabrics`], [`features`]: typed admin, I/O and Fabrics
@@ -97,7 +99,7 @@ mod wire;
 
 pub use command::{AdminCommand, IoCommand};
 pub use cqe::Cqe;
-pub use decoder::{Decoded, DecoderConfig, PduDecoder, PduReader};
+pub use decoder::{DataHeader, DataHeaderDecoded, Decoded, DecoderConfig, PduDecoder, PduReader};
 pub use error::{ErrorAction, FatalErrorStatus, ProtoError, Termination};
 pub use fabrics::FabricsCommand;
 pub use pdu::{

@@ -106,6 +106,12 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
 }
 
+/// CRC32C of data that arrives in pieces: start from 0, pass each piece in
+/// order; the result equals [`crc32c`] of the whole.
+pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, bytes)
+}
+
 /// Which end of the connection a piece of code plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {

@@ -44,7 +44,7 @@ fn decode_chunked(cfg: DecoderConfig, stream: &[u8], chunks: &[usize]) -> Vec<Pd
     out
 }
 
-fn host_stream() -> Vec<Pdu<'static>> {
+pub(crate) fn host_stream() -> Vec<Pdu<'static>> {
     vec![
         Pdu::CapsuleResp(CapsuleResp {
             cqe: Cqe::success(1).with_sqhd(2).with_gimbal_credit(1000),
@@ -80,7 +80,7 @@ fn host_stream() -> Vec<Pdu<'static>> {
     ]
 }
 
-fn controller_stream() -> Vec<Pdu<'static>> {
+pub(crate) fn controller_stream() -> Vec<Pdu<'static>> {
     let connect = ConnectData {
         host_id: [1; 16],
         cntlid: 0xFFFF,
@@ -118,7 +118,7 @@ fn controller_stream() -> Vec<Pdu<'static>> {
     ]
 }
 
-fn encode_all(pdus: &[Pdu<'_>], enc: &EncodeConfig) -> Vec<u8> {
+pub(crate) fn encode_all(pdus: &[Pdu<'_>], enc: &EncodeConfig) -> Vec<u8> {
     let mut out = Vec::new();
     for p in pdus {
         p.encode(enc, &mut out).unwrap();
@@ -126,7 +126,7 @@ fn encode_all(pdus: &[Pdu<'_>], enc: &EncodeConfig) -> Vec<u8> {
     out
 }
 
-fn links() -> Vec<(bool, bool, u8)> {
+pub(crate) fn links() -> Vec<(bool, bool, u8)> {
     vec![
         (false, false, 0),
         (true, true, 0),
