@@ -21,6 +21,19 @@
 //! (send everything it returned, in order) and `poll_event`, then re-read
 //! `poll_timeout`. Nothing happens between calls.
 //!
+//! **Read data lands in place.** A C2HData PDU is taken by its header
+//! ([`nvmf_proto::PduDecoder::decode_data_header`]): once the header is in
+//! and checked against its command, its data is copied from the input
+//! straight into the request's buffer, never gathered in the queue's own
+//! reassembly buffer. A driver that can choose where the socket writes
+//! asks [`Queue::rx_direct`] before each receive: while the data of such a
+//! PDU is still due it is the exact part of the request's buffer the next
+//! data bytes belong in; receive into it and report the count with
+//! [`Queue::handle_direct`] (the data digest is computed there). Everything
+//! else, including the digest after the data, goes through
+//! [`Queue::handle_bytes`], which also accepts the data itself: a driver
+//! may ignore the direct path entirely.
+//!
 //! Lifecycle: `Connecting` (ICReq sent, waiting for ICResp, then Connect
 //! sent, waiting for its response) → `Live` ([`Event::Connected`]) →
 //! `Closed` ([`Event::Failed`] once, or after [`Queue::close`]). A closed
@@ -42,9 +55,12 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use nvmf_proto::command::{IoCommand, ReadWrite, WriteZeroes};
-use nvmf_proto::decoder::{Decoded, DecoderConfig, PduDecoder};
+use nvmf_proto::decoder::{DataHeader, DataHeaderDecoded, Decoded, DecoderConfig, PduDecoder};
 use nvmf_proto::fabrics::{Connect, ConnectData, PriorityClass, CNTLID_DYNAMIC};
-use nvmf_proto::pdu::{CapsuleCmd, EncodeConfig, H2CData, IcReq, Negotiated, Pdu, Role, TermReq};
+use nvmf_proto::pdu::{
+    crc32c_append, pdu_type, CapsuleCmd, EncodeConfig, H2CData, IcReq, Negotiated, Pdu, Role,
+    TermReq, DIGEST_LEN,
+};
 use nvmf_proto::sqe::{admin_opcode, DataDirection, SglDescriptor, Sqe};
 use nvmf_proto::{ProtoError, Status};
 
@@ -359,8 +375,13 @@ pub struct Queue<B> {
     encode: EncodeConfig,
     maxh2cdata: u32,
     connect_deadline: Instant,
-    /// Bytes of a PDU that straddled two `handle_bytes` calls.
+    /// Bytes of a PDU that straddled two `handle_bytes` calls: a whole
+    /// PDU without data for a command buffer, or the header of a C2HData
+    /// PDU (never its data).
     rx: Vec<u8>,
+    /// The C2HData PDU whose header was accepted and whose data (and
+    /// digest) are still arriving.
+    rx_data: Option<RxData>,
     slots: Vec<Slot>,
     free_slots: Vec<u16>,
     slot_bits: u32,
@@ -374,6 +395,23 @@ pub struct Queue<B> {
     keep_alive: Option<KeepAlive>,
     cntlid: u16,
     stats: QueueStats,
+}
+
+/// A C2HData PDU between its header and the end of its data digest.
+struct RxData {
+    header: DataHeader,
+    slot: u16,
+    /// The request whose buffer the data goes to.
+    req: usize,
+    /// Where in that buffer the next data byte goes.
+    at: usize,
+    /// Data bytes still due.
+    left: usize,
+    /// CRC32C of the data received so far (data digests on).
+    crc: u32,
+    /// The data digest, as far as it has arrived.
+    digest: [u8; DIGEST_LEN],
+    digest_len: usize,
 }
 
 struct KeepAlive {
@@ -420,6 +458,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             maxh2cdata: nvmf_proto::pdu::MIN_MAXH2CDATA,
             connect_deadline,
             rx: Vec::new(),
+            rx_data: None,
             reqs: Vec::new(),
             free_reqs: Vec::new(),
             next_seq: 0,
@@ -924,56 +963,94 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         if self.state != QueueState::Closed {
             self.state = QueueState::Closed;
             self.out.clear();
+            self.rx_data = None;
             self.clear_slots();
         }
     }
 
-    /// Bytes received from the socket, in order, split anywhere.
+    /// Bytes received from the socket, in order, split anywhere. Data of
+    /// a C2HData PDU among them is copied into its request's buffer (also
+    /// when [`Queue::rx_direct`] would have offered that place).
     pub fn handle_bytes(&mut self, now: Instant, mut input: &[u8]) {
         while self.state != QueueState::Closed {
-            if !self.rx.is_empty() {
-                // Complete the PDU that straddled the previous call, taking
-                // only as many bytes as it still needs.
+            if self.rx_data.is_some() {
+                input = self.rx_data_bytes(now, input);
+                if self.rx_data.is_some() {
+                    // All of the input went to the data PDU.
+                    return;
+                }
+            } else if !self.rx.is_empty() {
+                // Complete the PDU (or data PDU header) that straddled the
+                // previous call, taking only as many bytes as it still
+                // needs.
                 let mut rx = std::mem::take(&mut self.rx);
-                match self.decoder.decode(&rx) {
-                    Ok(Decoded::NeedMore(n)) => {
-                        if input.is_empty() {
-                            self.rx = rx;
+                let need = match self.decoder.decode_data_header(&rx) {
+                    Ok(DataHeaderDecoded::NeedMore(n)) => Some(n),
+                    Ok(DataHeaderDecoded::Header(h)) => {
+                        self.begin_data(h, &rx);
+                        None
+                    }
+                    Ok(DataHeaderDecoded::NotData) => match self.decoder.decode(&rx) {
+                        Ok(Decoded::NeedMore(n)) => Some(n),
+                        Ok(Decoded::Pdu { pdu, .. }) => {
+                            if let Err(e) = self.handle_pdu(now, pdu) {
+                                self.pdu_error(e, &rx);
+                            }
+                            None
+                        }
+                        Err(e) => {
+                            self.pdu_error(Error::Protocol(e), &rx);
                             return;
                         }
-                        let take = n.min(input.len());
-                        rx.extend_from_slice(&input[..take]);
-                        input = &input[take..];
-                        self.rx = rx;
-                    }
-                    Ok(Decoded::Pdu { pdu, .. }) => {
-                        let r = self.handle_pdu(now, pdu);
-                        if let Err(e) = r {
-                            self.pdu_error(e, &rx);
-                        }
-                        rx.clear();
-                        self.rx = rx;
-                    }
+                    },
                     Err(e) => {
                         self.pdu_error(Error::Protocol(e), &rx);
                         return;
                     }
+                };
+                match need {
+                    Some(_) if input.is_empty() => {
+                        self.rx = rx;
+                        return;
+                    }
+                    Some(n) => {
+                        let take = n.min(input.len());
+                        rx.extend_from_slice(&input[..take]);
+                        input = &input[take..];
+                    }
+                    None => rx.clear(),
                 }
+                self.rx = rx;
             } else {
                 if input.is_empty() {
                     return;
                 }
-                match self.decoder.decode(input) {
-                    Ok(Decoded::NeedMore(_)) => {
+                match self.decoder.decode_data_header(input) {
+                    Ok(DataHeaderDecoded::NeedMore(_)) => {
                         self.rx.extend_from_slice(input);
                         return;
                     }
-                    Ok(Decoded::Pdu { pdu, consumed }) => {
-                        if let Err(e) = self.handle_pdu(now, pdu) {
-                            self.pdu_error(e, &input[..consumed]);
-                        }
-                        input = &input[consumed..];
+                    Ok(DataHeaderDecoded::Header(h)) => {
+                        let (head, rest) = input.split_at(h.data_offset);
+                        self.begin_data(h, head);
+                        input = rest;
                     }
+                    Ok(DataHeaderDecoded::NotData) => match self.decoder.decode(input) {
+                        Ok(Decoded::NeedMore(_)) => {
+                            self.rx.extend_from_slice(input);
+                            return;
+                        }
+                        Ok(Decoded::Pdu { pdu, consumed }) => {
+                            if let Err(e) = self.handle_pdu(now, pdu) {
+                                self.pdu_error(e, &input[..consumed]);
+                            }
+                            input = &input[consumed..];
+                        }
+                        Err(e) => {
+                            self.pdu_error(Error::Protocol(e), input);
+                            return;
+                        }
+                    },
                     Err(e) => {
                         self.pdu_error(Error::Protocol(e), input);
                         return;
@@ -981,6 +1058,198 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                 }
             }
         }
+    }
+
+    /// Where the data of the C2HData PDU being received goes next, if
+    /// data is still due: the rest of that PDU's data, as the part of the
+    /// request's own buffer it belongs in. A driver may receive from the
+    /// socket straight into (a prefix of) it, then must call
+    /// [`Queue::handle_direct`] with the byte count before any other
+    /// `handle_*` call. `None` between data PDUs, once a PDU's data is in
+    /// (its digest comes through `handle_bytes`), and once closed.
+    pub fn rx_direct(&mut self) -> Option<&mut [u8]> {
+        if self.state == QueueState::Closed {
+            return None;
+        }
+        let d = self.rx_data.as_ref().filter(|d| d.left > 0)?;
+        let r = self.reqs[d.req].as_mut()?;
+        r.buf.bytes_mut().get_mut(d.at..d.at + d.left)
+    }
+
+    /// The `user_data` of the request [`Queue::rx_direct`] points into, so
+    /// a driver can keep that request's buffer alive while a receive into
+    /// it is outstanding.
+    pub fn rx_direct_user_data(&self) -> Option<u64> {
+        if self.state == QueueState::Closed {
+            return None;
+        }
+        let d = self.rx_data.as_ref().filter(|d| d.left > 0)?;
+        self.reqs[d.req].as_ref().map(|r| r.user_data)
+    }
+
+    /// `n` bytes were received into the start of the slice
+    /// [`Queue::rx_direct`] last returned. Ignored once the queue has
+    /// closed (the request went back whole to `take_unfinished`) or when
+    /// `n` is 0.
+    ///
+    /// # Panics
+    /// If `n` is larger than that slice: the driver broke the contract.
+    pub fn handle_direct(&mut self, now: Instant, n: usize) {
+        if self.state == QueueState::Closed || n == 0 {
+            return;
+        }
+        let Some(d) = self.rx_data.as_mut() else {
+            return;
+        };
+        assert!(
+            n <= d.left,
+            "handle_direct: {n} bytes reported, {} were offered",
+            d.left
+        );
+        if d.header.data_digest {
+            if let Some(r) = self.reqs[d.req].as_ref() {
+                d.crc = crc32c_append(d.crc, &r.buf.bytes()[d.at..d.at + n]);
+            }
+        }
+        d.at += n;
+        d.left -= n;
+        if d.left == 0 && !d.header.data_digest {
+            self.finish_data(now);
+        }
+    }
+
+    /// The header of a C2HData PDU is in (`head`: its bytes, for a
+    /// TermReq): check it against its command as a whole PDU would be,
+    /// and get ready for its data.
+    fn begin_data(&mut self, h: DataHeader, head: &[u8]) {
+        match self.accept_c2h(h.pdu_type, h.cccid, h.datao, h.datal, h.last) {
+            Ok((slot, piece)) => {
+                self.rx_data = Some(RxData {
+                    header: h,
+                    slot,
+                    req: piece.req,
+                    at: (piece.offset + h.datao) as usize,
+                    left: h.datal as usize,
+                    crc: 0,
+                    digest: [0; DIGEST_LEN],
+                    digest_len: 0,
+                });
+            }
+            Err(e) => self.pdu_error(e, head),
+        }
+    }
+
+    /// Feed `input` to the data PDU being received: data into the
+    /// request's buffer, then the digest. Returns what is left of `input`
+    /// after that PDU.
+    fn rx_data_bytes<'a>(&mut self, now: Instant, mut input: &'a [u8]) -> &'a [u8] {
+        let Some(d) = self.rx_data.as_mut() else {
+            return input;
+        };
+        if d.left > 0 {
+            let n = d.left.min(input.len());
+            let (data, rest) = input.split_at(n);
+            if let Some(r) = self.reqs[d.req].as_mut() {
+                r.buf.bytes_mut()[d.at..d.at + n].copy_from_slice(data);
+            }
+            if d.header.data_digest {
+                d.crc = crc32c_append(d.crc, data);
+            }
+            d.at += n;
+            d.left -= n;
+            input = rest;
+        }
+        if d.left == 0 {
+            let n = (d.header.trailer_len() - d.digest_len).min(input.len());
+            d.digest[d.digest_len..d.digest_len + n].copy_from_slice(&input[..n]);
+            d.digest_len += n;
+            input = &input[n..];
+            if d.digest_len == d.header.trailer_len() {
+                self.finish_data(now);
+            }
+        }
+        input
+    }
+
+    /// All of the data PDU is in: check the data digest, count the data,
+    /// and complete the command if the PDU said SUCCESS.
+    fn finish_data(&mut self, now: Instant) {
+        let Some(d) = self.rx_data.take() else {
+            return;
+        };
+        if d.header.data_digest {
+            let received = u32::from_le_bytes(d.digest);
+            if let Err(e) = d.header.check_data_digest(d.crc, received) {
+                // Not answered with a TermReq (ProtoError::action): the
+                // queue closes and the request is redone whole elsewhere.
+                self.pdu_error(Error::Protocol(e), &[]);
+                return;
+            }
+        }
+        let slot = d.slot;
+        // Nothing else can have touched the slot while its data arrived:
+        // the stream carried only that data, and closing drops `rx_data`.
+        let Some(mut piece) = self.slots[slot as usize].piece else {
+            return;
+        };
+        piece.done += d.header.datal;
+        self.slots[slot as usize].piece = Some(piece);
+        if d.header.success {
+            self.stats.success_shortcuts += 1;
+            if let Err(e) = self.complete_piece(now, slot, piece, Status::SUCCESS, 0, 0) {
+                self.pdu_error(e, &[]);
+            }
+        }
+    }
+
+    /// The checks a C2HData PDU passes before any of its data is taken:
+    /// the command it names is outstanding and reads, and the data is the
+    /// next part of its buffer (all of the rest if `last`).
+    fn accept_c2h(
+        &self,
+        t: u8,
+        cccid: u16,
+        datao: u32,
+        datal: u32,
+        last: bool,
+    ) -> Result<(u16, Piece), Error> {
+        if t != pdu_type::C2H_DATA {
+            // The decoder admits only controller-to-host types for a host.
+            return Err(Self::violation(ProtoError::SequenceError {
+                reason: "PDU type a host never receives",
+            }));
+        }
+        if self.state != QueueState::Live && self.state != QueueState::AwaitConnect {
+            return Err(Self::violation(ProtoError::SequenceError {
+                reason: "C2HData before ICResp",
+            }));
+        }
+        let (slot, piece) = self.lookup(cccid)?;
+        if piece.dir != DataDirection::ControllerToHost {
+            return Err(Self::violation(ProtoError::SequenceError {
+                reason: "C2HData for a command that reads no data",
+            }));
+        }
+        let len = u64::from(datal);
+        if u64::from(datao) != u64::from(piece.done) {
+            return Err(Self::violation(ProtoError::DataOutOfRange {
+                command_id: cccid,
+                reason: "C2HData offset is not where the previous data ended",
+            }));
+        }
+        if u64::from(datao) + len > u64::from(piece.len) {
+            return Err(Self::violation(ProtoError::DataOutOfRange {
+                command_id: cccid,
+                reason: "C2HData beyond the command's buffer",
+            }));
+        }
+        if last && u64::from(datao) + len != u64::from(piece.len) {
+            return Err(Self::violation(ProtoError::DataOutOfRange {
+                command_id: cccid,
+                reason: "last C2HData before all data was sent",
+            }));
+        }
+        Ok((slot, piece))
     }
 
     /// Close on a bad PDU; a protocol violation is answered with an
@@ -1048,50 +1317,6 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                     resp.cqe.dw1,
                 )
             }
-            Pdu::C2HData(d) => {
-                if self.state != QueueState::Live && self.state != QueueState::AwaitConnect {
-                    return Err(Self::violation(ProtoError::SequenceError {
-                        reason: "C2HData before ICResp",
-                    }));
-                }
-                let (slot, mut piece) = self.lookup(d.cccid)?;
-                if piece.dir != DataDirection::ControllerToHost {
-                    return Err(Self::violation(ProtoError::SequenceError {
-                        reason: "C2HData for a command that reads no data",
-                    }));
-                }
-                let len = d.data.len() as u64;
-                if u64::from(d.datao) != u64::from(piece.done) {
-                    return Err(Self::violation(ProtoError::DataOutOfRange {
-                        command_id: d.cccid,
-                        reason: "C2HData offset is not where the previous data ended",
-                    }));
-                }
-                if u64::from(d.datao) + len > u64::from(piece.len) {
-                    return Err(Self::violation(ProtoError::DataOutOfRange {
-                        command_id: d.cccid,
-                        reason: "C2HData beyond the command's buffer",
-                    }));
-                }
-                if d.last && u64::from(d.datao) + len != u64::from(piece.len) {
-                    return Err(Self::violation(ProtoError::DataOutOfRange {
-                        command_id: d.cccid,
-                        reason: "last C2HData before all data was sent",
-                    }));
-                }
-                let r = self.reqs[piece.req]
-                    .as_mut()
-                    .expect("piece's request exists");
-                let from = (piece.offset + d.datao) as usize;
-                r.buf.bytes_mut()[from..from + d.data.len()].copy_from_slice(&d.data);
-                piece.done += d.data.len() as u32;
-                self.slots[slot as usize].piece = Some(piece);
-                if d.success {
-                    self.stats.success_shortcuts += 1;
-                    self.complete_piece(now, slot, piece, Status::SUCCESS, 0, 0)?;
-                }
-                Ok(())
-            }
             Pdu::R2T(r2t) => {
                 if self.state != QueueState::Live {
                     return Err(Self::violation(ProtoError::SequenceError {
@@ -1130,7 +1355,8 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                 self.slots[slot as usize].piece = Some(piece);
                 Ok(())
             }
-            // The decoder admits only controller-to-host types for a host.
+            // The decoder admits only controller-to-host types for a host,
+            // and handle_bytes takes C2HData by its header (begin_data).
             _ => Err(Self::violation(ProtoError::SequenceError {
                 reason: "PDU type a host never receives",
             })),
@@ -1289,6 +1515,9 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         log::debug!("queue {}: closed: {err}", self.cfg.qid);
         self.state = QueueState::Closed;
         self.out.clear();
+        // Data still due for a request goes nowhere: the request is
+        // handed back whole by take_unfinished.
+        self.rx_data = None;
         if let Some(t) = term {
             self.out.push_back(Out::Bytes(t));
         }
