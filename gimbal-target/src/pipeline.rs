@@ -697,8 +697,12 @@ impl GimbalStage {
         drop(st);
         if let Some((done, io)) = first {
             done(io);
-            for (done, io) in rest {
-                done(io);
+            // Checked first: an empty vector's iterator still costs its
+            // drop, and one request per pump is the common case.
+            if !rest.is_empty() {
+                for (done, io) in rest {
+                    done(io);
+                }
             }
         }
     }
