@@ -11,7 +11,11 @@
 //! tick and one pacing task:
 //!
 //! - **rx**: a `Recv` SQE on the path's socket; bytes go to `Queue::handle_bytes`,
-//!   completions wake the tag that owns them (`user_data` = tag).
+//!   completions wake the tag that owns them (`user_data` = tag). While the
+//!   data of a C2HData PDU is due (`Queue::rx_direct`), the `Recv` goes
+//!   straight into the tag's buffer at that data's place instead, so read
+//!   data is copied once by the kernel and never by us (see [`rx_task`] for
+//!   why a reset with such a `Recv` in the ring is safe).
 //! - **tx**: woken when the queue has PDUs; one `Send` SQE carries
 //!   everything queued since the last one, so requests that arrive in the
 //!   same ring pass go out in one write.
@@ -52,6 +56,10 @@ pub const TICK: Duration = Duration::from_millis(50);
 
 /// Receive buffer per connection.
 const RX_BYTES: usize = 256 * 1024;
+/// Receive C2HData data straight into the tag's buffer only when at least
+/// this much of it is still due: below that, the `Recv` that also brings
+/// the PDUs behind it saves a ring round trip worth more than the copy.
+const DIRECT_MIN_BYTES: usize = 16 * 1024;
 /// Bytes gathered per send.
 const TX_LIMIT: usize = 256 * 1024;
 
@@ -116,6 +124,10 @@ struct Path {
     held: VecDeque<Request<TagBuf>>,
     tx_waker: Option<Waker>,
     rx_waker: Option<Waker>,
+    /// The tag whose buffer this path's `Recv` in the ring writes into, if
+    /// it is a direct one: that tag is not handed back to the driver until
+    /// the `Recv` has completed (see [`rx_task`]).
+    rx_direct_tag: Option<u16>,
     /// When the last reconnect attempt failed (attempts are spaced by the
     /// reconnect delay).
     last_attempt: Option<Instant>,
@@ -230,6 +242,7 @@ impl Engine {
                     held: VecDeque::new(),
                     tx_waker: None,
                     rx_waker: None,
+                    rx_direct_tag: None,
                     last_attempt: None,
                 });
             }
@@ -463,8 +476,14 @@ impl Engine {
         }
     }
 
-    /// The outcome of tag `tag`'s request, once known.
+    /// The outcome of tag `tag`'s request, once known and once no `Recv`
+    /// can write into its buffer any more.
     fn poll_result(&mut self, tag: u16, cx: &Context<'_>) -> Poll<bool> {
+        if self.paths.iter().any(|p| p.rx_direct_tag == Some(tag)) {
+            // on_direct wakes the tag when that Recv completes.
+            self.wakers[usize::from(tag)] = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
         match self.results[usize::from(tag)].take() {
             Some(ok) => Poll::Ready(ok),
             None => {
@@ -772,6 +791,48 @@ impl Engine {
         self.drain_events(p);
     }
 
+    /// Where path `p`'s next `Recv` should write, if its connection is
+    /// still `generation` and enough of a C2HData PDU's data is due: that
+    /// part of the tag's buffer. Records the tag as pinned until
+    /// [`Engine::on_direct`].
+    fn rx_place(&mut self, p: usize, generation: u64) -> Option<(*mut u8, usize)> {
+        let c = self.paths[p]
+            .conn
+            .as_mut()
+            .filter(|c| c.generation == generation)?;
+        let tag = u16::try_from(c.queue.rx_direct_user_data()?).ok()?;
+        let place = c
+            .queue
+            .rx_direct()
+            .filter(|b| b.len() >= DIRECT_MIN_BYTES)?;
+        let at = (place.as_mut_ptr(), place.len());
+        self.paths[p].rx_direct_tag = Some(tag);
+        Some(at)
+    }
+
+    /// A direct `Recv` of path `p`'s connection `generation` completed
+    /// with `res`: the bytes are in the tag's buffer already.
+    fn on_direct(&mut self, p: usize, generation: u64, res: i32) {
+        let tag = self.paths[p].rx_direct_tag.take();
+        if res > 0 {
+            if let Some(c) = self.paths[p]
+                .conn
+                .as_mut()
+                .filter(|c| c.generation == generation)
+            {
+                c.queue.handle_direct(Instant::now(), res as usize);
+            }
+            self.drain_events(p);
+        } else if res != -libc::EINTR && res != -libc::EAGAIN {
+            self.on_socket_error(p, generation, res);
+        }
+        // The tag may have finished (or been failed) meanwhile: its task
+        // may go on now.
+        if let Some(w) = tag.and_then(|t| self.wakers.get_mut(usize::from(t))) {
+            wake(w);
+        }
+    }
+
     /// A socket operation of path `p`'s connection `generation` failed or
     /// hit EOF.
     fn on_socket_error(&mut self, p: usize, generation: u64, res: i32) {
@@ -958,6 +1019,30 @@ impl Future for WaitFor {
 }
 
 /// The receive task of path `path` (runs for the queue thread's lifetime).
+///
+/// Each `Recv` goes into the thread's receive buffer, or, while the data of
+/// a C2HData PDU is due, straight into that data's place in the tag's
+/// buffer ([`Engine::rx_place`]). A direct `Recv` may still be in the ring
+/// when the connection is reset (command timeout, epoch change, the other
+/// socket direction failing): the queue then hands the request back
+/// (`take_unfinished`) and the engine may resubmit it, move it to another
+/// replica, or fail it, while the kernel can still write into the buffer
+/// (up to the rest of that PDU's data, from the old socket; the shutdown in
+/// `on_failure` makes the `Recv` return soon). That is safe because:
+///
+/// - the tag stays pinned (`Path::rx_direct_tag`) until this task has seen
+///   the `Recv`'s completion, and `poll_result` does not hand a pinned tag
+///   back to its task, so the buffer is never committed to the driver (nor
+///   reused for the tag's next request) while the kernel may write it, and
+///   the tag task, hence `queue_main`, cannot finish and free the buffers
+///   before that either;
+/// - the bytes it can write are that read's own data at its own offsets
+///   (the queue checked the PDU's header against the command), so a copy of
+///   the same read on a new connection or another in-sync replica at most
+///   has its bytes overwritten with the same blocks' data as read by the
+///   old one;
+/// - this task issues no other `Recv` for the path before that completion,
+///   and a stale completion is dropped by the generation check.
 pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
     // Leaked on purpose: a Recv may still be in the ring when the thread's
     // executor is dropped at shutdown, and must never write into freed
@@ -970,15 +1055,14 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
             what: Wait::Rx,
         }
         .await;
-        let sqe = io_uring::opcode::Recv::new(
-            io_uring::types::Fd(fd),
-            buf.as_mut_ptr(),
-            buf.len() as u32,
-        )
-        .build();
+        let direct = engine.borrow_mut().rx_place(path, generation);
+        let (ptr, len) = direct.unwrap_or((buf.as_mut_ptr(), buf.len()));
+        let sqe = io_uring::opcode::Recv::new(io_uring::types::Fd(fd), ptr, len as u32).build();
         let res = op(sqe).await;
         let mut e = engine.borrow_mut();
-        if res > 0 {
+        if direct.is_some() {
+            e.on_direct(path, generation, res);
+        } else if res > 0 {
             e.on_bytes(path, generation, &buf[..res as usize]);
         } else if res != -libc::EINTR && res != -libc::EAGAIN {
             e.on_socket_error(path, generation, res);
