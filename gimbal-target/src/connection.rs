@@ -43,7 +43,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::controller::{clamp_kato, AdminOutcome, Controller, HostIdentity};
-use crate::pipeline::{ClassTag, IoDone, IoOp};
+use crate::pipeline::{ClassTag, Completion, IoDone, IoOp};
 use crate::target::{Namespace, Target};
 use qos_core::priority::NvmeClass;
 
@@ -228,7 +228,13 @@ struct Connection {
     responder: Responder,
     pending: HashMap<u16, PendingData>,
     next_ttag: u16,
+    /// Requests decoded from the current receive for pipelines that take
+    /// batches, in order; handed over before the next receive.
+    batch: Vec<Batched>,
 }
+
+/// A request held in [`Connection::batch`].
+type Batched = (Arc<Namespace>, u32, Option<ClassTag>, IoOp, Completion);
 
 /// Serves one accepted connection to its end.
 pub async fn serve(stream: TcpStream, target: Arc<Target>) {
@@ -264,6 +270,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
         max_h2c_data,
         pending: HashMap::new(),
         next_ttag: 0,
+        batch: Vec::new(),
     };
     let end = conn.read_loop(&mut rd).await;
     conn.finish(end).await;
@@ -404,7 +411,16 @@ impl Connection {
         }
     }
 
+    /// Reads and handles PDUs until the connection ends; requests held
+    /// for a batch are handed over however it ends, as they would have
+    /// been one by one.
     async fn read_loop(&mut self, rd: &mut tokio::net::tcp::OwnedReadHalf) -> End {
+        let end = self.read_pdus(rd).await;
+        self.submit_batch();
+        end
+    }
+
+    async fn read_pdus(&mut self, rd: &mut tokio::net::tcp::OwnedReadHalf) -> End {
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut start = 0usize;
         loop {
@@ -439,6 +455,9 @@ impl Connection {
                     },
                 }
             };
+            // Everything this receive brought is decoded: hand the held
+            // requests over before waiting for more.
+            self.submit_batch();
             if start == buf.len() {
                 buf.clear();
                 start = 0;
@@ -461,6 +480,46 @@ impl Connection {
                 _ = shutdown.cancelled() => return End::Shutdown,
             }
         }
+    }
+
+    /// Hands a request to its namespace's pipeline: at once, or, if the
+    /// pipeline takes batches (the Gimbal switch in front of a memory
+    /// backend), with the other requests of the same receive, so that
+    /// they share one hold of the switch's lock and one clock read each.
+    fn submit_io(
+        &mut self,
+        ns: Arc<Namespace>,
+        tenant: u32,
+        class: Option<ClassTag>,
+        op: IoOp,
+        done: Completion,
+    ) {
+        if ns.pipeline.takes_batches() {
+            self.batch.push((ns, tenant, class, op, done));
+        } else {
+            ns.pipeline.submit(tenant, class, op, done);
+        }
+    }
+
+    /// Submits the held requests, in order, one batch per run of one
+    /// namespace and tenant.
+    fn submit_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        let mut held = batch.drain(..).peekable();
+        while let Some((ns, tenant, class, op, done)) = held.next() {
+            let more = std::iter::from_fn(|| {
+                held.next_if(|(n, t, ..)| Arc::ptr_eq(n, &ns) && *t == tenant)
+                    .map(|(_, _, class, op, done)| (class, op, done))
+            });
+            ns.pipeline
+                .submit_batch(tenant, std::iter::once((class, op, done)).chain(more));
+        }
+        drop(held);
+        // Keeps the allocation for the next receive.
+        self.batch = batch;
     }
 
     /// Sends a C2HTermReq and ends the connection.
@@ -784,9 +843,11 @@ impl Connection {
                 }
                 let offset = rw.slba << ns.block_shift;
                 let cid = sqe.cid;
-                ns.pipeline.submit(
+                let class = self.class_tag(ctrl, &ns);
+                self.submit_io(
+                    ns,
                     ctrl.tenant,
-                    self.class_tag(ctrl, &ns),
+                    class,
                     IoOp::Read { offset, len },
                     Box::new(move |done| r.complete_io(cid, true, done)),
                 );
@@ -838,13 +899,16 @@ impl Connection {
                     return Ok(());
                 }
                 let cid = sqe.cid;
-                ns.pipeline.submit(
+                let class = self.class_tag(ctrl, &ns);
+                let op = IoOp::WriteZeroes {
+                    offset: wz.slba << ns.block_shift,
+                    len: blocks << ns.block_shift,
+                };
+                self.submit_io(
+                    ns,
                     ctrl.tenant,
-                    self.class_tag(ctrl, &ns),
-                    IoOp::WriteZeroes {
-                        offset: wz.slba << ns.block_shift,
-                        len: blocks << ns.block_shift,
-                    },
+                    class,
+                    op,
                     Box::new(move |done| r.complete_io(cid, false, done)),
                 );
             }
@@ -1040,14 +1104,17 @@ impl Connection {
                 let Some(ns) = self.namespace(ctrl, rw.nsid) else {
                     return r.status(cid, Status::INVALID_NAMESPACE.with_dnr());
                 };
-                ns.pipeline.submit(
+                let class = self.class_tag(ctrl, &ns);
+                let op = IoOp::Write {
+                    offset: rw.slba << ns.block_shift,
+                    data,
+                    fua: rw.fua,
+                };
+                self.submit_io(
+                    ns,
                     ctrl.tenant,
-                    self.class_tag(ctrl, &ns),
-                    IoOp::Write {
-                        offset: rw.slba << ns.block_shift,
-                        data,
-                        fua: rw.fua,
-                    },
+                    class,
+                    op,
                     Box::new(move |done| r.complete_io(cid, false, done)),
                 );
             }
@@ -1077,9 +1144,11 @@ impl Connection {
                         byte_ranges.push((range.slba << ns.block_shift, blocks << ns.block_shift));
                     }
                 }
-                ns.pipeline.submit(
+                let class = self.class_tag(ctrl, &ns);
+                self.submit_io(
+                    ns,
                     ctrl.tenant,
-                    self.class_tag(ctrl, &ns),
+                    class,
                     IoOp::Discard {
                         ranges: byte_ranges,
                     },
@@ -1092,7 +1161,7 @@ impl Connection {
 
     /// Flush one namespace, or all of them (NSID FFFFFFFFh); completes when
     /// every backend has flushed, with the first error if any.
-    fn flush(&self, ctrl: &Arc<Controller>, cid: u16, nsid: u32) {
+    fn flush(&mut self, ctrl: &Arc<Controller>, cid: u16, nsid: u32) {
         let r = self.responder.clone();
         let targets: Vec<Arc<Namespace>> = match (&ctrl.subsystem, nsid) {
             (Some(s), 0xFFFF_FFFF) => s.namespaces.values().cloned().collect(),
@@ -1108,9 +1177,11 @@ impl Connection {
         let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         for ns in targets {
             let (r, remaining, failed) = (r.clone(), remaining.clone(), failed.clone());
-            ns.pipeline.submit(
+            let class = self.class_tag(ctrl, &ns);
+            self.submit_io(
+                ns,
                 ctrl.tenant,
-                self.class_tag(ctrl, &ns),
+                class,
                 IoOp::Flush,
                 Box::new(move |done| {
                     if let Err(e) = &done.result {
