@@ -1044,10 +1044,10 @@ impl Future for WaitFor {
 /// - this task issues no other `Recv` for the path before that completion,
 ///   and a stale completion is dropped by the generation check.
 ///
-/// The one case this does not cover: if libublk's event loop itself fails,
-/// `queue_main` returns with tag tasks still pending and frees the tag
-/// buffers while such a `Recv` may be in the ring; there the buffers would
-/// have to be leaked like the receive buffer below.
+/// When the queue thread ends (libublk's event loop failing, or the queue
+/// going down) with such a `Recv` possibly still in the ring,
+/// `queue_main` keeps (leaks) the tag buffers, as this task leaks its
+/// receive buffer below, so the kernel never writes into freed memory.
 pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
     // Leaked on purpose: a Recv may still be in the ring when the thread's
     // executor is dropped at shutdown, and must never write into freed
