@@ -542,13 +542,9 @@ impl Engine {
         };
         let rep = self.volume.replication.as_ref().expect("replicated");
         if ticket.is_read() {
-            let readable = rep.route().readable & !(1 << r);
-            if let Some(to) = bits(readable).next() {
+            if let Some(to) = self.other_readable(r) {
                 self.qos.reroute(&mut ticket, r, to);
-                self.tags[tag].ticket = Some(ticket);
-                if let Some(p) = self.tags[tag].pending.clone() {
-                    self.send_part(&p, to, Instant::now());
-                }
+                self.resend_read(tag, ticket, to);
                 return;
             }
             self.tags[tag].ticket = Some(ticket);
@@ -564,6 +560,20 @@ impl Engine {
         self.qos.release(&mut ticket, r);
         self.tags[tag].ticket = Some(ticket);
         self.maybe_finish(tag);
+    }
+
+    /// A replica other than `r` that serves reads now, if any.
+    fn other_readable(&self, r: usize) -> Option<usize> {
+        let rep = self.volume.replication.as_ref()?;
+        bits(rep.route().readable & !(1 << r)).next()
+    }
+
+    /// Send tag `tag`'s read again, to replica `to` (already in `ticket`).
+    fn resend_read(&mut self, tag: usize, ticket: Ticket, to: usize) {
+        self.tags[tag].ticket = Some(ticket);
+        if let Some(p) = self.tags[tag].pending.clone() {
+            self.send_part(&p, to, Instant::now());
+        }
     }
 
     fn drain_events(&mut self, p: usize) {
@@ -629,20 +639,14 @@ impl Engine {
             self.tags[tag].failed = true;
             return;
         };
-        let is_read = self.tags[tag].ticket.is_some_and(|t| t.is_read());
-        let others = rep.route().readable & !(1 << r);
-        if others == 0 {
+        let Some(to) = self.other_readable(r) else {
             self.tags[tag].failed = true;
             return;
-        }
-        if is_read {
-            let to = bits(others).next().expect("non-empty");
-            if let (Some(mut t), Some(p)) =
-                (self.tags[tag].ticket.take(), self.tags[tag].pending.clone())
-            {
+        };
+        if self.tags[tag].ticket.is_some_and(|t| t.is_read()) {
+            if let Some(mut t) = self.tags[tag].ticket.take() {
                 t.add_uncounted(to);
-                self.tags[tag].ticket = Some(t);
-                self.send_part(&p, to, Instant::now());
+                self.resend_read(tag, t, to);
             }
             return;
         }

@@ -170,15 +170,10 @@ pub fn parse_class(s: &str) -> Option<NvmeClass> {
     NvmeClass::ALL.into_iter().find(|c| class_name(*c) == s)
 }
 
-/// The fabrics Connect CATTR class of an NVMe class.
+/// The fabrics Connect CATTR class of an NVMe class: both use the NVMe
+/// QPRIO encoding (urgent 0 .. low 3).
 pub fn connect_class(c: NvmeClass) -> nvmf_proto::fabrics::PriorityClass {
-    use nvmf_proto::fabrics::PriorityClass as P;
-    match c {
-        NvmeClass::Urgent => P::Urgent,
-        NvmeClass::High => P::High,
-        NvmeClass::Medium => P::Medium,
-        NvmeClass::Low => P::Low,
-    }
+    nvmf_proto::fabrics::PriorityClass::from_bits(c.qprio())
 }
 
 #[cfg(test)]
@@ -233,6 +228,11 @@ mod tests {
         for n in ["urgent", "high", "medium", "low"] {
             assert_eq!(class_name(parse_class(n).unwrap()), n);
         }
+        use nvmf_proto::fabrics::PriorityClass as P;
+        assert_eq!(connect_class(NvmeClass::Urgent), P::Urgent);
+        assert_eq!(connect_class(NvmeClass::High), P::High);
+        assert_eq!(connect_class(NvmeClass::Medium), P::Medium);
+        assert_eq!(connect_class(NvmeClass::Low), P::Low);
         assert!(parse_class("rt").is_none());
     }
 }

@@ -530,16 +530,7 @@ impl Replication {
                                     );
                                     // Copy the region again: its bit is
                                     // still set.
-                                    let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
-                                    if let Some(rs) =
-                                        st.resync.as_mut().filter(|rs| rs.replica == r)
-                                    {
-                                        rs.planner = ResyncPlanner::new(
-                                            self.resync_config(),
-                                            dirty,
-                                            self.now(),
-                                        );
-                                    }
+                                    self.replan(&mut st, r, self.now());
                                     return Duration::from_millis(500);
                                 }
                             }
@@ -560,11 +551,7 @@ impl Replication {
                     // Bits set after the planner started (a write that
                     // chose its replicas just before the resync began):
                     // copy those too.
-                    let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
-                    let cfg = self.resync_config();
-                    if let Some(rs) = st.resync.as_mut() {
-                        rs.planner = ResyncPlanner::new(cfg, dirty, now);
-                    }
+                    self.replan(&mut st, r, now);
                     return Duration::ZERO;
                 }
                 let copied = st
@@ -597,6 +584,14 @@ impl Replication {
     /// The replicas as a mask.
     pub fn all(&self) -> u32 {
         self.all
+    }
+
+    /// Restart replica `r`'s resync from the bits its log still has set.
+    fn replan(&self, st: &mut State, r: usize, now: Nanos) {
+        let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
+        if let Some(rs) = st.resync.as_mut().filter(|rs| rs.replica == r) {
+            rs.planner = ResyncPlanner::new(self.resync_config(), dirty, now);
+        }
     }
 
     fn resync_config(&self) -> ResyncConfig {
