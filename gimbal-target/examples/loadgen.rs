@@ -15,6 +15,10 @@
 //! cargo run --release -p gimbal-target --example loadgen -- fairness [SECS] [TIME_SCALE] [sizes|types] [JOBS] [WARMUP_SECS]
 //! ```
 //!
+//! `LOADGEN_PIN=1` (overhead) runs the target's threads on the last CPU and
+//! the client's on the first; the summary gives the mean of the per-round
+//! gimbal/none ratios with a 95 % confidence interval.
+//!
 //! `LOADGEN_TRACE=1` prints the switch's view while it runs
 //! (`LOADGEN_TRACE_MS` apart in fairness runs); `LOADGEN_QOS=gimbal` or
 //! `none` runs only that half of `fairness`.
@@ -168,11 +172,57 @@ fn target_cpu_secs() -> f64 {
     total as f64 / tick
 }
 
+/// Restricts the calling thread (and the threads it spawns later, which
+/// inherit its mask) to one CPU. With `LOADGEN_PIN=1` the target is
+/// started from a thread pinned to the last CPU and the client runs on the
+/// first, so the target's threads have a core the load generator does not
+/// share: IOPS per target CPU then measures the switch, not who the
+/// scheduler happened to put next to it.
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) only changes
+    // the calling thread's mask.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            eprintln!(
+                "loadgen: cannot pin to CPU {cpu}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Mean and the half-width of its 95 % confidence interval (Student's t,
+/// two-sided) of `xs`.
+fn mean_ci95(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len();
+    let mean = xs.iter().sum::<f64>() / n.max(1) as f64;
+    if n < 2 {
+        return (mean, f64::NAN);
+    }
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    // t(0.975, n-1) for small n; 1.96 beyond the table.
+    const T: [f64; 30] = [
+        12.71, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    let t = T.get(n - 2).copied().unwrap_or(1.96);
+    (mean, t * (var / n as f64).sqrt())
+}
+
 fn overhead(args: &[String]) {
     let secs: f64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(5.0);
     let rounds: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
     let jobs: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let qd: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(32);
+    let pin = std::env::var_os("LOADGEN_PIN").is_some_and(|v| v != "0");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if pin {
+        // The target's runtime, pacer and blocking threads inherit this.
+        pin_to(cpus - 1);
+    }
     let t = start(&format!(
         r#"
 listen = ["127.0.0.1:0"]
@@ -191,11 +241,25 @@ size = "256MiB"
 qos = "gimbal"
 "#
     ));
+    if pin {
+        pin_to(0);
+    }
     let addr = t.local_addrs()[0];
     let host = HostIdentity::random();
     let mut sums = [(0.0f64, 0.0f64); 2];
+    // Per round, gimbal over none: rounds are paired so that drift in
+    // the host's speed (other load, frequency) cancels within a pair.
+    let mut ratios = (Vec::new(), Vec::new());
     for round in 1..=rounds {
-        for (slot, (nsid, qos)) in [(1, "none"), (2, "gimbal")].into_iter().enumerate() {
+        let mut this = [(0.0f64, 0.0f64); 2];
+        // ABBA order: neither side always runs first (warm caches, the
+        // other side's leftover threads).
+        let order: [(usize, u32, &str); 2] = if round % 2 == 1 {
+            [(0, 1, "none"), (1, 2, "gimbal")]
+        } else {
+            [(1, 2, "gimbal"), (0, 1, "none")]
+        };
+        for (slot, nsid, qos) in order {
             let job = Job {
                 nsid,
                 bs: 4096,
@@ -229,15 +293,27 @@ qos = "gimbal"
             let per_cpu = ios as f64 / cpu.max(0.01);
             sums[slot].0 += iops;
             sums[slot].1 += per_cpu;
+            this[slot] = (iops, per_cpu);
             println!(
-                "BENCH round={round} qos={qos} jobs={jobs} qd={qd} iops={iops:.0} target_cpu_s={cpu:.2} iops_per_target_cpu_s={per_cpu:.0}"
+                "BENCH round={round} qos={qos} jobs={jobs} qd={qd} pinned={pin} iops={iops:.0} target_cpu_s={cpu:.2} iops_per_target_cpu_s={per_cpu:.0}"
             );
         }
+        ratios.0.push(this[1].0 / this[0].0);
+        ratios.1.push(this[1].1 / this[0].1);
     }
     println!(
         "BENCH summary gimbal/none iops_ratio={:.3} iops_per_cpu_ratio={:.3}",
         sums[1].0 / sums[0].0,
         sums[1].1 / sums[0].1
+    );
+    let (m_iops, h_iops) = mean_ci95(&ratios.0);
+    let (m_cpu, h_cpu) = mean_ci95(&ratios.1);
+    println!(
+        "BENCH paired rounds={rounds} pinned={pin} iops_ratio_mean={m_iops:.3} ci95=[{:.3},{:.3}] iops_per_cpu_ratio_mean={m_cpu:.3} ci95=[{:.3},{:.3}]",
+        m_iops - h_iops,
+        m_iops + h_iops,
+        m_cpu - h_cpu,
+        m_cpu + h_cpu
     );
 }
 

@@ -11,6 +11,7 @@
 //! - backends keep the data: `ram`, `null`, `file`.
 
 pub mod backend;
+pub mod clock;
 pub mod config;
 pub mod config_error;
 pub mod connection;

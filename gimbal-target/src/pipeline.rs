@@ -45,6 +45,7 @@ use qos_core::time::Nanos;
 use qos_core::types::{IoKind, RequestId, TenantId};
 
 use crate::backend::{Backend, UringDone, UringOp};
+use crate::clock::SwitchClock;
 
 /// What a request asks the backend to do. Offsets and lengths are in bytes
 /// and were checked against the namespace size by the front end.
@@ -243,7 +244,10 @@ impl Pipeline {
             }
             return;
         };
-        let mut finished = Vec::new();
+        // A buffer kept per thread: a batch's completions, run after the
+        // lock is released (a fresh vector per batch grew and freed
+        // itself several times per batch).
+        let mut finished = FINISHED.with(|f| f.take());
         let mut held: Option<(MutexGuard<'_, GimbalState>, Nanos)> = None;
         for (class, op, done) in requests {
             let arbitrated = class.is_some_and(|t| t.device_queue_depth.is_some());
@@ -258,9 +262,10 @@ impl Pipeline {
             *now = g.submit_locked(st, *now, tenant, op, done, &mut finished);
         }
         drop(held);
-        for (done, io) in finished {
+        for (done, io) in finished.drain(..) {
             done(io);
         }
+        FINISHED.with(|f| f.replace(finished));
     }
 
     /// Requests waiting in the class arbiter, by class (urgent first).
@@ -283,6 +288,13 @@ impl Pipeline {
     pub fn flush_blocking(&self) -> io::Result<()> {
         self.backend.flush()
     }
+}
+
+thread_local! {
+    /// [`Pipeline::submit_batch`]'s completions buffer, reused. A
+    /// completion callback that submits a batch itself finds it taken and
+    /// uses a new one.
+    static FINISHED: std::cell::Cell<Vec<(Completion, IoDone)>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// A request waiting in the class arbiter.
@@ -554,8 +566,8 @@ enum Mode {
 struct GimbalStage {
     backend: Arc<dyn Backend>,
     state: Mutex<GimbalState>,
-    /// `CLOCK_MONOTONIC` at creation, in nanoseconds (see [`monotonic_ns`]).
-    epoch_ns: u64,
+    /// The switch's clock (device time since creation).
+    clock: SwitchClock,
     /// The backend's `time_scale` (device time per real time), constant.
     time_scale: f64,
     mode: Mode,
@@ -576,8 +588,10 @@ impl GimbalStage {
         } else {
             Mode::Inline
         };
+        let time_scale = backend.time_scale();
         GimbalStage {
-            time_scale: backend.time_scale(),
+            time_scale,
+            clock: SwitchClock::new(time_scale),
             backend,
             state: Mutex::new(GimbalState {
                 switch,
@@ -585,7 +599,6 @@ impl GimbalStage {
                 last_now: Nanos(0),
                 timer_due: None,
             }),
-            epoch_ns: monotonic_ns(),
             mode,
             pacer: OnceLock::new(),
         }
@@ -593,12 +606,7 @@ impl GimbalStage {
 
     /// The switch's clock: the device's time (see `Backend::time_scale`).
     fn now(&self) -> Nanos {
-        let ns = monotonic_ns().saturating_sub(self.epoch_ns);
-        if self.time_scale == 1.0 {
-            Nanos(ns)
-        } else {
-            Nanos((ns as f64 / self.time_scale) as u64)
-        }
+        self.clock.now()
     }
 
     /// The clock read under the lock, never behind a time already used.
@@ -643,10 +651,18 @@ impl GimbalStage {
     fn submit(self: &Arc<Self>, tenant: u32, op: IoOp, done: Completion) {
         let (kind, bytes) = kind_and_bytes(&op);
         let (mut st, now) = self.lock_for(tenant);
-        let payload = Queued { op, done };
         if self.mode == Mode::Inline {
-            // Nearly always the switch is empty here (inline requests
-            // leave as they come): the request goes out without queueing.
+            let (op, done) = match self.pass_locked(&mut st, now, tenant, kind, bytes, op, done) {
+                Ok((done, io, _)) => {
+                    drop(st);
+                    done(io);
+                    return;
+                }
+                Err(back) => back,
+            };
+            let payload = Queued { op, done };
+            // Something is queued (or the tokens ran out): the request
+            // takes its turn, and what the switch releases runs.
             match st
                 .switch
                 .submit_dispatch(now, TenantId(tenant), kind, bytes, 0, payload)
@@ -656,6 +672,7 @@ impl GimbalStage {
             }
             return;
         }
+        let payload = Queued { op, done };
         if let Err(e) = st
             .switch
             .submit(now, TenantId(tenant), kind, bytes, 0, payload)
@@ -666,6 +683,46 @@ impl GimbalStage {
             return;
         }
         self.dispatch_from(st, now);
+    }
+
+    /// The common inline case, under a lock already held at `now`: the
+    /// switch is empty and lets the request straight through
+    /// ([`GimbalSwitch::pass_through`]), so it runs and completes here,
+    /// and neither the request nor its in-flight entry ever enters the
+    /// switch. Returns its completion and the clock read after the
+    /// backend call (the next submission's time), or the request back
+    /// when it must take the ordinary way (something queued, tokens short,
+    /// no slot).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn pass_locked(
+        &self,
+        st: &mut GimbalState,
+        now: Nanos,
+        tenant: u32,
+        kind: IoKind,
+        bytes: u64,
+        op: IoOp,
+        done: Completion,
+    ) -> Result<(Completion, IoDone, Nanos), (IoOp, Completion)> {
+        let held = match st
+            .switch
+            .pass_through(now, TenantId(tenant), kind, bytes, 0)
+        {
+            Ok(Some(held)) => held,
+            // The ordinary way reports an error itself.
+            Ok(None) | Err(_) => return Err((op, done)),
+        };
+        let result = execute(self.backend.as_ref(), op);
+        let now = self.now_locked(st);
+        let credit = st.switch.complete_held(now, held).credit;
+        Ok((
+            done,
+            IoDone {
+                result,
+                credit: Some(credit),
+            },
+            now,
+        ))
     }
 
     /// An inline submission under a lock already held at `now` (the
@@ -682,6 +739,13 @@ impl GimbalStage {
         finished: &mut Vec<(Completion, IoDone)>,
     ) -> Nanos {
         let (kind, bytes) = kind_and_bytes(&op);
+        let (op, done) = match self.pass_locked(st, now, tenant, kind, bytes, op, done) {
+            Ok((done, io, now)) => {
+                finished.push((done, io));
+                return now;
+            }
+            Err(back) => back,
+        };
         let payload = Queued { op, done };
         match st
             .switch
@@ -865,22 +929,6 @@ impl GimbalStage {
         done(IoDone { result, credit });
         ready
     }
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock `Instant` reads, without
-/// its checked `Duration` arithmetic (a third of a clock read's cost, and
-/// the pipeline reads it twice per request).
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC exists on
-    // every Linux, so the call cannot fail.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
 }
 
 /// The pacing thread's poll when nothing is held back: only a submission

@@ -201,7 +201,7 @@ pub struct CompletedIo {
     pub slot_completed: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct InFlight {
     tenant: TenantIndex,
     slot_seq: u64,
@@ -209,6 +209,32 @@ struct InFlight {
     bytes: u64,
     /// The dispatch time the switch gave (zero through `dispatch`).
     dispatched_at: Nanos,
+}
+
+/// What [`VirtualSlotScheduler::immediate`] found: the request may leave
+/// without queueing.
+struct Immediate {
+    index: TenantIndex,
+    was_contending: bool,
+    weighted_bytes: u64,
+    granted: bool,
+}
+
+/// A request at the device whose in-flight entry its driver holds instead
+/// of the switch's table (see [`crate::switch::GimbalSwitch::pass_through`]).
+/// Completing it consumes it, so it completes once; dropping it instead
+/// leaves the request in flight for good, as losing an id would.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HeldInFlight {
+    id: RequestId,
+    io: InFlight,
+}
+
+impl HeldInFlight {
+    /// The request's id (the one `submit` would have returned).
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
 }
 
 /// The requests at the device, by id. Ids are handed out in sequence and
@@ -219,11 +245,27 @@ struct InFlight {
 /// table doubles, up to [`IN_FLIGHT_TABLE_MAX`] places, while it has fewer
 /// places than twice the requests in it. Only looked up and counted, never
 /// iterated: its layout cannot leak into decisions.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 struct InFlightTable {
     places: Vec<Option<(RequestId, InFlight)>>,
     overflow: RequestMap<InFlight>,
     len: usize,
+}
+
+/// The entries by id, not the layout: two tables holding the same
+/// requests print the same (states are compared through `Debug` in tests).
+impl std::fmt::Debug for InFlightTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut entries: Vec<(RequestId, InFlight)> = self
+            .places
+            .iter()
+            .flatten()
+            .copied()
+            .chain(self.overflow.iter().map(|(id, io)| (*id, *io)))
+            .collect();
+        entries.sort_by_key(|(id, _)| *id);
+        f.debug_map().entries(entries).finish()
+    }
 }
 
 /// Largest direct-mapped in-flight table (places); beyond it collisions
@@ -303,6 +345,9 @@ pub struct VirtualSlotScheduler<T> {
     deferred: VecDeque<TenantIndex>,
     head_quantum_granted: bool,
     in_flight: InFlightTable,
+    /// Requests in flight whose entries their callers hold
+    /// ([`HeldInFlight`]), not the table.
+    held_in_flight: usize,
     next_request_id: u64,
     contending_tenants: usize,
     /// `allotment(single_tenant_slots, contending_tenants)`, kept with the
@@ -404,6 +449,7 @@ impl<T> VirtualSlotScheduler<T> {
             deferred: VecDeque::new(),
             head_quantum_granted: false,
             in_flight: InFlightTable::default(),
+            held_in_flight: 0,
             next_request_id: 0,
             contending_tenants: 0,
             allotted: Self::allotment(config.single_tenant_slots, 0),
@@ -515,7 +561,7 @@ impl<T> VirtualSlotScheduler<T> {
 
     /// Requests dispatched and not yet completed.
     pub fn in_flight_len(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len() + self.held_in_flight
     }
 
     /// The credit of `tenant` (§3.6): its allotted virtual slots times the
@@ -783,6 +829,20 @@ impl<T> VirtualSlotScheduler<T> {
         weighted_bytes: u64,
         dispatched_at: Nanos,
     ) {
+        let io = self.charge(index, kind, bytes, weighted_bytes, dispatched_at);
+        self.in_flight.insert(id, io);
+    }
+
+    /// [`charge_dispatch`](Self::charge_dispatch) but for the in-flight
+    /// table: returns the entry instead of inserting it.
+    fn charge(
+        &mut self,
+        index: TenantIndex,
+        kind: IoKind,
+        bytes: u64,
+        weighted_bytes: u64,
+        dispatched_at: Nanos,
+    ) -> InFlight {
         let allotted = self.allotted_slots();
         let slot_size = self.slot_size_bytes;
         let state = Self::state_in(&mut self.tenants, index);
@@ -818,16 +878,13 @@ impl<T> VirtualSlotScheduler<T> {
             self.pop_active_front();
             self.deferred.push_back(index);
         }
-        self.in_flight.insert(
-            id,
-            InFlight {
-                tenant: index,
-                slot_seq,
-                kind,
-                bytes,
-                dispatched_at,
-            },
-        );
+        InFlight {
+            tenant: index,
+            slot_seq,
+            kind,
+            bytes,
+            dispatched_at,
+        }
     }
 
     /// [`enqueue`](Self::enqueue) and, when no other request is queued
@@ -857,6 +914,76 @@ impl<T> VirtualSlotScheduler<T> {
             let id = self.enqueue(now, tenant, kind, bytes, priority, payload)?;
             return Ok((id, None));
         }
+        let Some(go) = self.immediate(tenant, kind, bytes, write_cost)? else {
+            // The general case (no slot, or a request larger than a
+            // quantum): the long way, with the same outcome.
+            let id = self.enqueue(now, tenant, kind, bytes, priority, payload)?;
+            let Some(candidate) = self.next_candidate(write_cost) else {
+                return Ok((id, None));
+            };
+            debug_assert_eq!(candidate.id, id);
+            if !admit(candidate.kind, candidate.bytes) {
+                return Ok((id, None));
+            }
+            return Ok((id, Some(self.dispatch_candidate(candidate, now))));
+        };
+        let Immediate {
+            index,
+            was_contending,
+            weighted_bytes,
+            granted,
+        } = go;
+        let id = self.begin_immediate(index, was_contending, granted);
+        let levels = self.priority_weights.len();
+        let level = usize::from(priority).min(levels - 1);
+        if !admit(kind, bytes) {
+            // Held back by the tokens: queued and at the head of the
+            // active list, as `enqueue` and `next_candidate` leave it.
+            let state = Self::state_in(&mut self.tenants, index);
+            state.queues[level].push_back(Queued {
+                id,
+                kind,
+                bytes,
+                priority: level as u8,
+                enqueued_at: now,
+                payload,
+            });
+            state.queued += 1;
+            self.queued_total += 1;
+            state.list = ListMembership::Active;
+            self.active.push_back(index);
+            return Ok((id, None));
+        }
+        let io = self.finish_immediate(index, kind, bytes, level, weighted_bytes, now);
+        self.in_flight.insert(id, io);
+        Ok((
+            id,
+            Some(Dispatched {
+                id,
+                tenant,
+                kind,
+                bytes,
+                priority: level as u8,
+                enqueued_at: now,
+                payload,
+            }),
+        ))
+    }
+
+    /// Whether a request of `tenant` would leave at once without
+    /// queueing if its token bucket admits it, and what that takes; `None`
+    /// for the general case (other requests queued, no slot room, larger
+    /// than the deficit and the quantum). Changes nothing.
+    fn immediate(
+        &self,
+        tenant: TenantId,
+        kind: IoKind,
+        bytes: u64,
+        write_cost: f64,
+    ) -> Result<Option<Immediate>> {
+        if !self.active.is_empty() || !self.deferred.is_empty() {
+            return Ok(None);
+        }
         let &index = self
             .index
             .get(&tenant)
@@ -880,68 +1007,101 @@ impl<T> VirtualSlotScheduler<T> {
             || !state.has_slot_room(allotted)
             || !(fits || granted)
         {
-            // The general case (no slot, or a request larger than a
-            // quantum): the long way, with the same outcome.
-            let id = self.enqueue(now, tenant, kind, bytes, priority, payload)?;
-            let Some(candidate) = self.next_candidate(write_cost) else {
-                return Ok((id, None));
-            };
-            debug_assert_eq!(candidate.id, id);
-            if !admit(candidate.kind, candidate.bytes) {
-                return Ok((id, None));
-            }
-            return Ok((id, Some(self.dispatch_candidate(candidate, now))));
+            return Ok(None);
         }
+        Ok(Some(Immediate {
+            index,
+            was_contending,
+            weighted_bytes,
+            granted,
+        }))
+    }
+
+    /// The first steps of an [`immediate`](Self::immediate) request, as
+    /// `enqueue` and `next_candidate` take them: its id, the tenant
+    /// counted as contending, the quantum granted if it needs one.
+    fn begin_immediate(
+        &mut self,
+        index: TenantIndex,
+        was_contending: bool,
+        granted: bool,
+    ) -> RequestId {
         let id = RequestId(self.next_request_id);
         self.next_request_id += 1;
         if !was_contending {
             self.set_contending(self.contending_tenants + 1);
         }
-        let levels = self.priority_weights.len();
-        let level = usize::from(priority).min(levels - 1);
-        let state = Self::state_in(&mut self.tenants, index);
         if granted {
             self.head_quantum_granted = true;
+            let state = Self::state_in(&mut self.tenants, index);
             state.deficit_bytes = state.deficit_bytes.saturating_add(self.quantum_bytes);
         }
-        if !admit(kind, bytes) {
-            // Held back by the tokens: queued and at the head of the
-            // active list, as `enqueue` and `next_candidate` leave it.
-            state.queues[level].push_back(Queued {
-                id,
-                kind,
-                bytes,
-                priority: level as u8,
-                enqueued_at: now,
-                payload,
-            });
-            state.queued += 1;
-            self.queued_total += 1;
-            state.list = ListMembership::Active;
-            self.active.push_back(index);
-            return Ok((id, None));
-        }
-        // `pop_head` with this request alone in the queues: the level's
-        // turn goes on if it holds the cursor with turns left, else a new
-        // turn starts there.
+        id
+    }
+
+    /// The rest of an [`immediate`](Self::immediate) request that its
+    /// bucket admitted: `pop_head` with this request alone in the queues
+    /// (the level's turn goes on if it holds the cursor with turns left,
+    /// else a new turn starts there), then the dispatch's charges. The
+    /// in-flight entry is the caller's to keep.
+    fn finish_immediate(
+        &mut self,
+        index: TenantIndex,
+        kind: IoKind,
+        bytes: u64,
+        level: usize,
+        weighted_bytes: u64,
+        now: Nanos,
+    ) -> InFlight {
+        let state = Self::state_in(&mut self.tenants, index);
         if !(state.priority_cursor == level && state.priority_turn_left > 0) {
             state.priority_cursor = level;
             state.priority_turn_left = self.priority_weights[level];
         }
         state.priority_turn_left -= 1;
-        self.charge_dispatch(index, id, kind, bytes, weighted_bytes, now);
-        Ok((
-            id,
-            Some(Dispatched {
-                id,
-                tenant,
-                kind,
-                bytes,
-                priority: level as u8,
-                enqueued_at: now,
-                payload,
-            }),
-        ))
+        self.charge(index, kind, bytes, weighted_bytes, now)
+    }
+
+    /// [`enqueue_dispatch`](Self::enqueue_dispatch) of a request that
+    /// leaves at once, or nothing at all: when the request would go to the
+    /// device without queueing and `admit` (the caller's token check,
+    /// called last and only then) lets it, the same state as
+    /// `enqueue_dispatch` followed by its dispatch, except that the
+    /// in-flight entry is handed to the caller (complete it with
+    /// [`complete_held`](Self::complete_held)); otherwise `None` and no
+    /// change, and the caller submits the ordinary way. For a driver that
+    /// runs the request and completes it before it touches the scheduler
+    /// again (an inline backend): the entry never enters the table.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pass_through(
+        &mut self,
+        now: Nanos,
+        tenant: TenantId,
+        kind: IoKind,
+        bytes: u64,
+        priority: u8,
+        write_cost: f64,
+        admit: impl FnOnce(IoKind, u64) -> bool,
+    ) -> Result<Option<HeldInFlight>> {
+        let Some(go) = self.immediate(tenant, kind, bytes, write_cost)? else {
+            return Ok(None);
+        };
+        if !admit(kind, bytes) {
+            return Ok(None);
+        }
+        let id = self.begin_immediate(go.index, go.was_contending, go.granted);
+        let level = usize::from(priority).min(self.priority_weights.len() - 1);
+        let io = self.finish_immediate(go.index, kind, bytes, level, go.weighted_bytes, now);
+        self.held_in_flight += 1;
+        Ok(Some(HeldInFlight { id, io }))
+    }
+
+    /// Completes a request [`pass_through`](Self::pass_through) let go, as
+    /// [`complete_dispatched`](Self::complete_dispatched) completes one
+    /// from the table.
+    pub(crate) fn complete_held(&mut self, held: HeldInFlight) -> (CompletedIo, Nanos, u32) {
+        self.held_in_flight -= 1;
+        self.complete_entry(held.io)
     }
 
     /// Records the completion of a dispatched request (Algorithm 2
@@ -962,6 +1122,12 @@ impl<T> VirtualSlotScheduler<T> {
             .in_flight
             .remove(id)
             .ok_or(QosError::UnknownRequest(id))?;
+        Ok(self.complete_entry(io))
+    }
+
+    /// What completing the in-flight request `io` does (Algorithm 2
+    /// `SCHED_COMPLETE`), its entry already out of the table.
+    fn complete_entry(&mut self, io: InFlight) -> (CompletedIo, Nanos, u32) {
         let state = Self::state_in(&mut self.tenants, io.tenant);
         state.in_flight -= 1;
         state.stats.completed_ios += 1;
@@ -993,7 +1159,7 @@ impl<T> VirtualSlotScheduler<T> {
             }
         }
         let credit = self.credit_of(self.state(io.tenant));
-        Ok((
+        (
             CompletedIo {
                 tenant,
                 kind: io.kind,
@@ -1002,7 +1168,7 @@ impl<T> VirtualSlotScheduler<T> {
             },
             io.dispatched_at,
             credit,
-        ))
+        )
     }
 
     /// Checks internal invariants; for tests and debug builds.

@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::config::GimbalConfig;
 use crate::congestion::{CongestionControl, CongestionState};
 use crate::error::Result;
-use crate::scheduler::{Dispatched, VirtualSlotScheduler};
+use crate::scheduler::{CompletedIo, Dispatched, HeldInFlight, VirtualSlotScheduler};
 use crate::time::Nanos;
 use crate::token_bucket::DualTokenBucket;
 use crate::types::{IoKind, RequestId, TenantId};
@@ -228,12 +228,65 @@ impl<T> GimbalSwitch<T> {
         Some(now.saturating_add_nanos(wait))
     }
 
+    /// [`submit_dispatch`](Self::submit_dispatch) for a driver that runs
+    /// a request to completion before it calls the switch again (an
+    /// inline backend): when the request would leave at once, it does,
+    /// with the same decisions and state as `submit_dispatch` returning it,
+    /// and the driver keeps its in-flight entry (and its own payload, which
+    /// never enters the switch); complete it with
+    /// [`complete_held`](Self::complete_held). Otherwise `None`, nothing
+    /// changes, and the driver submits as usual.
+    pub fn pass_through(
+        &mut self,
+        now: Nanos,
+        tenant: TenantId,
+        kind: IoKind,
+        bytes: u64,
+        priority: u8,
+    ) -> Result<Option<HeldInFlight>> {
+        if self.scheduler.queued_len() > 0 {
+            return Ok(None);
+        }
+        // As in `submit_dispatch`; a refill at a time already refilled at
+        // adds nothing, so the fallback's own refill changes nothing.
+        self.refill(now);
+        let write_cost = self.write_cost.write_cost();
+        let buckets = &mut self.buckets;
+        self.scheduler.pass_through(
+            now,
+            tenant,
+            kind,
+            bytes,
+            priority,
+            write_cost,
+            |kind, bytes| buckets.try_consume(kind, bytes),
+        )
+    }
+
     /// Completion feedback (Algorithm 1 `COMPLETION`, Algorithm 2
     /// `SCHED_COMPLETE`): updates latency monitors, target rate, write cost
     /// and the tenant's slots, and returns the tenant's new credit.
     pub fn complete(&mut self, now: Nanos, id: RequestId) -> Result<SwitchCompletion> {
         // Fails on an unknown id before anything changes.
         let (done, dispatched_at, credit) = self.scheduler.complete_dispatched(id)?;
+        Ok(self.feedback(now, done, dispatched_at, credit))
+    }
+
+    /// [`complete`](Self::complete) of a request
+    /// [`pass_through`](Self::pass_through) let go.
+    pub fn complete_held(&mut self, now: Nanos, held: HeldInFlight) -> SwitchCompletion {
+        let (done, dispatched_at, credit) = self.scheduler.complete_held(held);
+        self.feedback(now, done, dispatched_at, credit)
+    }
+
+    /// The egress side of a completion the scheduler has recorded.
+    fn feedback(
+        &mut self,
+        now: Nanos,
+        done: CompletedIo,
+        dispatched_at: Nanos,
+        credit: u32,
+    ) -> SwitchCompletion {
         // Credit tokens earned at the old rate before the rate changes
         // (the scheduler's bookkeeping does not touch rate or write cost).
         self.refill(now);
@@ -249,7 +302,7 @@ impl<T> GimbalSwitch<T> {
                 self.write_cost.on_write_completion(now, ewma);
             }
         }
-        Ok(SwitchCompletion {
+        SwitchCompletion {
             tenant: done.tenant,
             kind: done.kind,
             bytes: done.bytes,
@@ -257,7 +310,7 @@ impl<T> GimbalSwitch<T> {
             credit,
             congestion_state: feedback.state,
             slot_completed: done.slot_completed,
-        })
+        }
     }
 
     /// The current credit of `tenant`.
@@ -540,6 +593,183 @@ mod submit_dispatch_tests {
                 b.scheduler().check_invariants().map_err(TestCaseError::fail)?;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod pass_through_tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::KIB;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Tenant, write, KiB, priority; then whether the request, if it
+        /// leaves at once, completes right away (an inline backend) and
+        /// after how many ns.
+        Submit(u32, bool, u64, u8, bool, u64),
+        /// Completes the in-flight request at this position (modulo).
+        Complete(usize),
+        /// Advances the clock.
+        Wait(u64),
+        /// Polls until nothing goes.
+        Poll,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (0u32..3, any::<bool>(), prop_oneof![Just(0u64), Just(4), Just(64), Just(128), Just(300)], 0u8..6, any::<bool>(), 0u64..3_000_000)
+                .prop_map(|(t, w, k, p, i, ns)| Op::Submit(t, w, k, p, i, ns)),
+            3 => (0usize..64).prop_map(Op::Complete),
+            2 => (0u64..2_000_000).prop_map(Op::Wait),
+            1 => Just(Op::Poll),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// `pass_through` + `complete_held` make the decisions of
+        /// `submit_dispatch` + `complete`: the same requests leave at the
+        /// same times with the same completions, and the switches end in
+        /// the same state (compared whole, by `Debug`, whenever no entry
+        /// is held outside the table), whether the held request completes
+        /// at once or other calls come first.
+        #[test]
+        fn pass_through_is_submit_dispatch(
+            ops in proptest::collection::vec(op(), 1..200),
+            tiny_bucket in any::<bool>(),
+            slots in 1u32..10,
+            quantum_kib in prop_oneof![Just(4u64), Just(128)],
+        ) {
+            let config = GimbalConfig {
+                token_bucket_bytes: if tiny_bucket { 16 * KIB } else { 256 * KIB },
+                initial_target_rate_bps: if tiny_bucket { 50_000_000 } else { 1_000_000_000 },
+                single_tenant_slots: slots,
+                drr_quantum_bytes: quantum_kib * KIB,
+                write_cost_update_interval_us: 0,
+                ..GimbalConfig::default()
+            };
+            let mut a: GimbalSwitch<u64> = GimbalSwitch::new(&config).unwrap();
+            let mut b: GimbalSwitch<u64> = GimbalSwitch::new(&config).unwrap();
+            for t in 0..3 {
+                a.add_tenant(TenantId(t)).unwrap();
+                b.add_tenant(TenantId(t)).unwrap();
+            }
+            let mut now = Nanos(0);
+            let mut in_flight: Vec<RequestId> = Vec::new();
+            let mut held: HashMap<RequestId, HeldInFlight> = HashMap::new();
+            for (n, op) in ops.into_iter().enumerate() {
+                let payload = n as u64;
+                match op {
+                    Op::Submit(t, write, kib, priority, inline, service_ns) => {
+                        let kind = if write { IoKind::Write } else { IoKind::Read };
+                        let bytes = kib * KIB;
+                        let (id, d) = a.submit_dispatch(now, TenantId(t), kind, bytes, priority, payload).unwrap();
+                        match b.pass_through(now, TenantId(t), kind, bytes, priority).unwrap() {
+                            Some(h) => {
+                                prop_assert_eq!(d.as_ref().map(|d| d.id), Some(h.id()));
+                                prop_assert_eq!(h.id(), id);
+                                if inline {
+                                    now = now.saturating_add_nanos(service_ns);
+                                    prop_assert_eq!(a.complete(now, id).unwrap(), b.complete_held(now, h));
+                                } else {
+                                    in_flight.push(id);
+                                    held.insert(id, h);
+                                }
+                            }
+                            None => {
+                                let (id_b, d_b) = b.submit_dispatch(now, TenantId(t), kind, bytes, priority, payload).unwrap();
+                                prop_assert_eq!(id, id_b);
+                                prop_assert_eq!(&d, &d_b);
+                                in_flight.extend(d.map(|d| d.id));
+                            }
+                        }
+                    }
+                    Op::Complete(i) => {
+                        if !in_flight.is_empty() {
+                            let id = in_flight.remove(i % in_flight.len());
+                            let done_b = match held.remove(&id) {
+                                Some(h) => b.complete_held(now, h),
+                                None => b.complete(now, id).unwrap(),
+                            };
+                            prop_assert_eq!(a.complete(now, id).unwrap(), done_b);
+                        }
+                    }
+                    Op::Wait(ns) => now = now.saturating_add_nanos(ns),
+                    Op::Poll => loop {
+                        let (da, db) = (a.poll_dispatch(now), b.poll_dispatch(now));
+                        prop_assert_eq!(&da, &db);
+                        match da {
+                            Some(d) => in_flight.push(d.id),
+                            None => break,
+                        }
+                    },
+                }
+                prop_assert_eq!(a.scheduler().in_flight_len(), b.scheduler().in_flight_len());
+                if held.is_empty() {
+                    prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
+                }
+                b.scheduler().check_invariants().map_err(TestCaseError::fail)?;
+            }
+        }
+    }
+
+    /// The cases the property test relies on, spelled out: an empty
+    /// switch lets a request through and its completion reports what
+    /// `complete` would; with a request queued nothing passes and nothing
+    /// changes.
+    #[test]
+    fn passes_only_when_the_switch_is_empty() {
+        let config = GimbalConfig {
+            token_bucket_bytes: 16 * KIB,
+            initial_target_rate_bps: 2_000_000,
+            ..GimbalConfig::default()
+        };
+        let mut a: GimbalSwitch<()> = GimbalSwitch::new(&config).unwrap();
+        a.add_tenant(TenantId(1)).unwrap();
+        let mut b = a.clone();
+        let now = Nanos(1_000);
+        let held = b
+            .pass_through(now, TenantId(1), IoKind::Read, 4 * KIB, 0)
+            .unwrap()
+            .expect("an empty switch lets it through");
+        assert_eq!(b.scheduler().in_flight_len(), 1);
+        let (id, d) = a
+            .submit_dispatch(now, TenantId(1), IoKind::Read, 4 * KIB, 0, ())
+            .unwrap();
+        assert_eq!(d.map(|d| d.id), Some(held.id()));
+        let done_at = Nanos(51_000);
+        assert_eq!(
+            a.complete(done_at, id).unwrap(),
+            b.complete_held(done_at, held)
+        );
+        // Time for the buckets to fill again.
+        let later = Nanos(20_000_000);
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        // 16 KiB of tokens: the second 16 KiB read waits, queued.
+        assert!(b
+            .submit_dispatch(later, TenantId(1), IoKind::Read, 16 * KIB, 0, ())
+            .unwrap()
+            .1
+            .is_some());
+        let (_, d) = b
+            .submit_dispatch(later, TenantId(1), IoKind::Read, 16 * KIB, 0, ())
+            .unwrap();
+        assert!(d.is_none(), "the bucket is empty");
+        let before = format!("{b:?}");
+        assert!(b
+            .pass_through(later, TenantId(1), IoKind::Read, 4 * KIB, 0)
+            .unwrap()
+            .is_none());
+        assert_eq!(format!("{b:?}"), before);
+        // An unknown tenant is an error, as for `submit`.
+        assert!(a
+            .pass_through(later, TenantId(9), IoKind::Read, 4 * KIB, 0)
+            .is_err());
     }
 }
 
