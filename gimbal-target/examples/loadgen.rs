@@ -12,12 +12,17 @@
 //!
 //! ```sh
 //! cargo run --release -p gimbal-target --example loadgen -- overhead [SECS] [ROUNDS] [JOBS] [QD]
+//! cargo run --release -p gimbal-target --example loadgen -- overhead-runs RUNS [SECS] [ROUNDS] [JOBS] [QD]
 //! cargo run --release -p gimbal-target --example loadgen -- fairness [SECS] [TIME_SCALE] [sizes|types] [JOBS] [WARMUP_SECS]
 //! ```
 //!
 //! `LOADGEN_PIN=1` (overhead) runs the target's threads on the last CPU and
 //! the client's on the first; the summary gives the mean of the per-round
-//! gimbal/none ratios with a 95 % confidence interval.
+//! gimbal/none ratios with a 95 % confidence interval. `overhead-runs`
+//! runs `overhead` RUNS times, each in a process of its own (runs differ
+//! by more than their rounds do: thread placement, memory layout, the
+//! host's neighbours), and gives the mean of the runs' means with a 95 %
+//! confidence interval over the runs.
 //!
 //! `LOADGEN_TRACE=1` prints the switch's view while it runs
 //! (`LOADGEN_TRACE_MS` apart in fairness runs); `LOADGEN_QOS=gimbal` or
@@ -317,6 +322,48 @@ qos = "gimbal"
     );
 }
 
+/// `overhead` in `runs` processes of their own; the runs' paired means
+/// and their mean with a 95 % confidence interval over the runs.
+fn overhead_runs(args: &[String]) {
+    let runs: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(6);
+    let exe = std::env::current_exe().expect("own executable");
+    let (mut iops, mut per_cpu) = (Vec::new(), Vec::new());
+    for run in 1..=runs {
+        let out = std::process::Command::new(&exe)
+            .arg("overhead")
+            .args(&args[1..])
+            .output()
+            .expect("run loadgen overhead");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let Some(line) = text.lines().find(|l| l.starts_with("BENCH paired")) else {
+            eprintln!("run {run}: no summary (exit {:?})", out.status);
+            continue;
+        };
+        let field = |name: &str| -> Option<f64> {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        };
+        let (Some(a), Some(b)) = (field("iops_ratio_mean"), field("iops_per_cpu_ratio_mean"))
+        else {
+            eprintln!("run {run}: unreadable summary: {line}");
+            continue;
+        };
+        println!("BENCH run={run} iops_ratio_mean={a:.3} iops_per_cpu_ratio_mean={b:.3}");
+        iops.push(a);
+        per_cpu.push(b);
+    }
+    let (m_iops, h_iops) = mean_ci95(&iops);
+    let (m_cpu, h_cpu) = mean_ci95(&per_cpu);
+    println!(
+        "BENCH runs={} iops_ratio={m_iops:.3} ci95=[{:.3},{:.3}] iops_per_cpu_ratio={m_cpu:.3} ci95=[{:.3},{:.3}]",
+        iops.len(),
+        m_iops - h_iops,
+        m_iops + h_iops,
+        m_cpu - h_cpu,
+        m_cpu + h_cpu
+    );
+}
+
 /// Prints the switch's view every 200 ms until `done` (with
 /// `LOADGEN_TRACE`): what holds requests back, if anything.
 fn trace_view(pipeline: &gimbal_target::pipeline::Pipeline, done: &AtomicBool) {
@@ -507,9 +554,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("overhead") => overhead(&args[1..]),
+        Some("overhead-runs") => overhead_runs(&args[1..]),
         Some("fairness") => fairness(&args[1..]),
         _ => {
-            eprintln!("usage: loadgen overhead [SECS] [ROUNDS] [JOBS] [QD] | fairness [SECS] [TIME_SCALE] [sizes|types] [JOBS] [WARMUP_SECS]");
+            eprintln!("usage: loadgen overhead [SECS] [ROUNDS] [JOBS] [QD] | overhead-runs RUNS [SECS] [ROUNDS] [JOBS] [QD] | fairness [SECS] [TIME_SCALE] [sizes|types] [JOBS] [WARMUP_SECS]");
             std::process::exit(2);
         }
     }

@@ -51,6 +51,14 @@ use qos_core::priority::NvmeClass;
 #[derive(Debug)]
 enum Outgoing {
     Pdu(Pdu<'static>),
+    /// A read's data and, unless the data PDU's SUCCESS flag completes it,
+    /// its CQE: one message per read instead of two (each costs the
+    /// sender a channel push and possibly a wake-up).
+    ReadDone {
+        cid: u16,
+        data: Cow<'static, [u8]>,
+        cqe: Option<Cqe>,
+    },
     /// Digest settings for every PDU after this one.
     Encode(EncodeConfig),
     /// Flush and close the socket.
@@ -145,24 +153,13 @@ impl Responder {
     /// and never when a credit must travel in dword 1) or a CQE.
     fn complete_read(&self, cid: u16, data: Cow<'static, [u8]>, credit: Option<u32>) {
         let shortcut = credit.is_none() && self.sq.flow_control_disabled.load(Ordering::Relaxed);
-        let _ = self.tx.send(Outgoing::Pdu(Pdu::C2HData(C2HData {
-            cccid: cid,
-            datao: 0,
-            last: true,
-            success: shortcut,
-            data,
-        })));
-        if shortcut {
-            self.finish_one();
-        } else {
-            self.complete(
-                cid,
-                Status::SUCCESS,
-                0,
-                credit.map_or(0, credit_dw1),
-                Vec::new(),
-            );
-        }
+        let cqe = (!shortcut).then(|| {
+            let mut cqe = Cqe::new(cid, Status::SUCCESS).with_sqhd(self.sqhd());
+            cqe.dw1 = credit.map_or(0, credit_dw1);
+            cqe
+        });
+        let _ = self.tx.send(Outgoing::ReadDone { cid, data, cqe });
+        self.finish_one();
     }
 
     /// Completes an I/O from the pipeline.
@@ -377,6 +374,22 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Outgoing>)
                     let pdu_type = p.pdu_type();
                     if let Err(e) = batch.push(p, &config) {
                         log::error!("cannot encode PDU type {pdu_type:#04x}: {e}");
+                    }
+                }
+                Outgoing::ReadDone { cid, data, cqe } => {
+                    let c2h = Pdu::C2HData(C2HData {
+                        cccid: cid,
+                        datao: 0,
+                        last: true,
+                        success: cqe.is_none(),
+                        data,
+                    });
+                    let pdus = std::iter::once(c2h)
+                        .chain(cqe.map(|cqe| Pdu::CapsuleResp(CapsuleResp { cqe })));
+                    for p in pdus {
+                        if let Err(e) = batch.push(p, &config) {
+                            log::error!("cannot encode a read's completion: {e}");
+                        }
                     }
                 }
                 Outgoing::Encode(c) => config = c,
