@@ -265,6 +265,10 @@ qos = "gimbal"
             [(1, 2, "gimbal"), (0, 1, "none")]
         };
         for (slot, nsid, qos) in order {
+            // LOADGEN_QOS=gimbal (or none) runs only that half (profiling).
+            if std::env::var("LOADGEN_QOS").is_ok_and(|o| o != qos) {
+                continue;
+            }
             let job = Job {
                 nsid,
                 bs: 4096,

@@ -37,7 +37,7 @@ fn drive(pipeline: &Pipeline, n: u64, batch: bool) -> f64 {
         (
             None,
             IoOp::Read { offset, len: 4096 },
-            Box::new(move |done| {
+            Completion::callback(move |done| {
                 assert!(done.result.is_ok());
                 c.fetch_add(1, Ordering::Relaxed);
             }),

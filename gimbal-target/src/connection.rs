@@ -43,7 +43,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::controller::{clamp_kato, AdminOutcome, Controller, HostIdentity};
-use crate::pipeline::{ClassTag, Completion, IoDone, IoOp};
+use crate::pipeline::{ClassTag, Completion, CompletionSink, IoDone, IoOp};
 use crate::target::{Namespace, Target};
 use qos_core::priority::NvmeClass;
 
@@ -162,6 +162,11 @@ impl Responder {
         self.finish_one();
     }
 
+    /// The completion tag of command `cid` (see the `CompletionSink`).
+    fn tag(cid: u16, is_read: bool) -> u64 {
+        u64::from(cid) | u64::from(is_read) << 16
+    }
+
     /// Completes an I/O from the pipeline.
     fn complete_io(&self, cid: u16, is_read: bool, done: IoDone) {
         match done.result {
@@ -189,6 +194,13 @@ impl Responder {
                 );
             }
         }
+    }
+}
+
+/// A read or write of this connection ended: tag = cid, bit 16 = read.
+impl CompletionSink for Responder {
+    fn complete(&self, tag: u64, done: IoDone) {
+        self.complete_io(tag as u16, tag & 1 << 16 != 0, done);
     }
 }
 
@@ -222,7 +234,8 @@ struct Connection {
     state: QueueState,
     decoder: PduDecoder,
     max_h2c_data: u32,
-    responder: Responder,
+    /// Shared with every request in flight (their completion sink).
+    responder: Arc<Responder>,
     pending: HashMap<u16, PendingData>,
     next_ttag: u16,
     /// Requests decoded from the current receive for pipelines that take
@@ -246,7 +259,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
     let limits = target.config.limits;
     let max_h2c_data = limits.max_h2c_data_bytes;
     let mut conn = Connection {
-        responder: Responder {
+        responder: Arc::new(Responder {
             tx,
             sq: Arc::new(SqState {
                 size: AtomicU16::new(0),
@@ -255,7 +268,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
                 inflight: AtomicUsize::new(0),
             }),
             target: target.clone(),
-        },
+        }),
         target,
         peer,
         state: QueueState::AwaitIcReq,
@@ -862,7 +875,7 @@ impl Connection {
                     ctrl.tenant,
                     class,
                     IoOp::Read { offset, len },
-                    Box::new(move |done| r.complete_io(cid, true, done)),
+                    Completion::Sink(r, Responder::tag(cid, true)),
                 );
             }
             IoCommand::Write(rw) => {
@@ -922,7 +935,7 @@ impl Connection {
                     ctrl.tenant,
                     class,
                     op,
-                    Box::new(move |done| r.complete_io(cid, false, done)),
+                    Completion::Sink(r, Responder::tag(cid, false)),
                 );
             }
             IoCommand::Flush { nsid } => self.flush(ctrl, sqe.cid, nsid),
@@ -1128,7 +1141,7 @@ impl Connection {
                     ctrl.tenant,
                     class,
                     op,
-                    Box::new(move |done| r.complete_io(cid, false, done)),
+                    Completion::Sink(r, Responder::tag(cid, false)),
                 );
             }
             Ok(IoCommand::DatasetManagement(dsm)) => {
@@ -1165,7 +1178,7 @@ impl Connection {
                     IoOp::Discard {
                         ranges: byte_ranges,
                     },
-                    Box::new(move |done| r.complete_io(cid, false, done)),
+                    Completion::Sink(r, Responder::tag(cid, false)),
                 );
             }
             _ => r.status(cid, Status::INTERNAL_ERROR),
@@ -1196,7 +1209,7 @@ impl Connection {
                 ctrl.tenant,
                 class,
                 IoOp::Flush,
-                Box::new(move |done| {
+                Completion::callback(move |done| {
                     if let Err(e) = &done.result {
                         log::warn!("flush failed: {e}");
                         failed.store(true, Ordering::Relaxed);

@@ -137,9 +137,40 @@ impl ClassTag {
     }
 }
 
-/// Receives a request's completion. Called exactly once, on whatever thread
+/// Receives a request's completion, exactly once, on whatever thread
 /// completed the request.
-pub type Completion = Box<dyn FnOnce(IoDone) + Send + 'static>;
+pub enum Completion {
+    /// A callback of its own (one allocation per request).
+    Callback(Box<dyn FnOnce(IoDone) + Send + 'static>),
+    /// A long-lived sink that completes many requests, told which one by
+    /// the tag: no allocation per request. A connection's responder is
+    /// one: a connection decodes a receive's ~30 commands before the
+    /// switch runs them, and ~30 live callbacks at once overflowed the
+    /// allocator's per-thread cache into its slow paths (~170 instructions
+    /// more per request, measured under callgrind).
+    Sink(Arc<dyn CompletionSink>, u64),
+}
+
+/// Completes requests for [`Completion::Sink`].
+pub trait CompletionSink: Send + Sync {
+    /// Request `tag` has ended with `done`.
+    fn complete(&self, tag: u64, done: IoDone);
+}
+
+impl Completion {
+    /// A completion that calls `f`.
+    pub fn callback(f: impl FnOnce(IoDone) + Send + 'static) -> Self {
+        Completion::Callback(Box::new(f))
+    }
+
+    /// Delivers the request's end.
+    pub fn complete(self, done: IoDone) {
+        match self {
+            Completion::Callback(f) => f(done),
+            Completion::Sink(sink, tag) => sink.complete(tag, done),
+        }
+    }
+}
 
 /// One namespace's pipeline.
 pub struct Pipeline {
@@ -263,7 +294,7 @@ impl Pipeline {
         }
         drop(held);
         for (done, io) in finished.drain(..) {
-            done(io);
+            done.complete(io);
         }
         FINISHED.with(|f| f.replace(finished));
     }
@@ -418,8 +449,8 @@ impl ClassStage {
             self.dispatch(
                 next.tenant,
                 next.op,
-                Box::new(move |d| {
-                    done(d);
+                Completion::callback(move |d| {
+                    done.complete(d);
                     me.lock().outstanding -= 1;
                     me.pump();
                 }),
@@ -440,7 +471,7 @@ fn run_direct(backend: Arc<dyn Backend>, op: IoOp, done: Completion) {
         let deadline = book(backend.as_ref(), &op);
         let result = execute(store, op);
         complete_at(deadline, move || {
-            done(IoDone {
+            done.complete(IoDone {
                 result,
                 credit: None,
             })
@@ -450,7 +481,7 @@ fn run_direct(backend: Arc<dyn Backend>, op: IoOp, done: Completion) {
             backend,
             op,
             Box::new(move |result| {
-                done(IoDone {
+                done.complete(IoDone {
                     result,
                     credit: None,
                 })
@@ -458,7 +489,7 @@ fn run_direct(backend: Arc<dyn Backend>, op: IoOp, done: Completion) {
         );
     } else {
         let result = execute(backend.as_ref(), op);
-        done(IoDone {
+        done.complete(IoDone {
             result,
             credit: None,
         });
@@ -655,7 +686,7 @@ impl GimbalStage {
             let (op, done) = match self.pass_locked(&mut st, now, tenant, kind, bytes, op, done) {
                 Ok((done, io, _)) => {
                     drop(st);
-                    done(io);
+                    done.complete(io);
                     return;
                 }
                 Err(back) => back,
@@ -827,12 +858,12 @@ impl GimbalStage {
         });
         drop(st);
         if let Some((done, io)) = first {
-            done(io);
+            done.complete(io);
             // Checked first: an empty vector's iterator still costs its
             // drop, and one request per pump is the common case.
             if !rest.is_empty() {
                 for (done, io) in rest {
-                    done(io);
+                    done.complete(io);
                 }
             }
         }
@@ -926,7 +957,7 @@ impl GimbalStage {
             let now = self.now_locked(&mut st);
             (credit, Self::drain(&mut st, now))
         };
-        done(IoDone { result, credit });
+        done.complete(IoDone { result, credit });
         ready
     }
 }

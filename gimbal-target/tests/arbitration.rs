@@ -271,7 +271,7 @@ mod pipeline_order {
     use std::sync::{Arc, Mutex};
 
     use gimbal_target::backend::{Backend, BackendInfo, UringDone, UringOp};
-    use gimbal_target::pipeline::{ClassTag, IoOp, Pipeline};
+    use gimbal_target::pipeline::{ClassTag, Completion, IoOp, Pipeline};
     use qos_core::class_arbiter::{ArbiterConfig, ArbitrationMode};
     use qos_core::config::GimbalConfig;
     use qos_core::priority::NvmeClass;
@@ -380,7 +380,7 @@ mod pipeline_order {
                     offset: (i * bytes) as u64,
                     len: bytes,
                 },
-                Box::new(move |d| {
+                Completion::callback(move |d| {
                     assert!(d.result.is_ok());
                     log.lock()
                         .unwrap()
@@ -509,7 +509,7 @@ mod pipeline_order {
                     offset: i * 4096,
                     len: 4096,
                 },
-                Box::new(|_| {}),
+                Completion::callback(|_| {}),
             );
         }
         assert_eq!(dev.held(), 10);

@@ -360,7 +360,7 @@ mod tests {
 #[cfg(test)]
 mod uring_tests {
     use super::*;
-    use crate::pipeline::{IoOp, Pipeline};
+    use crate::pipeline::{Completion, IoOp, Pipeline};
     use std::sync::mpsc::channel;
     use std::sync::Arc;
 
@@ -392,7 +392,7 @@ mod uring_tests {
                         data: vec![i as u8 + 1; 8192],
                         fua: i == 0,
                     },
-                    Box::new(move |d| tx.send(d.result.is_ok()).unwrap()),
+                    Completion::callback(move |d| tx.send(d.result.is_ok()).unwrap()),
                 );
             }
         });
@@ -406,7 +406,7 @@ mod uring_tests {
                     offset: 5 * 8192,
                     len: 8192,
                 },
-                Box::new(move |d| tx.send(d.result.map(|c| c.into_owned())).unwrap()),
+                Completion::callback(move |d| tx.send(d.result.map(|c| c.into_owned())).unwrap()),
             );
         });
         let back = rx.recv().unwrap().unwrap();
