@@ -163,8 +163,10 @@ fn gimbal_meets_the_bar_at_quick_scale() {
 /// gimbal-target's examples): a 4 KiB reader alone, a 4 KiB writer alone,
 /// then both, on one switch, with clients that ignore credits as the
 /// kernel host does. The mixed phase starts from the writer's low rate;
-/// once the switch has had the ~0.25 s of device time it needs to ramp up
-/// and settle the write cost, both tenants get about their fair share. In
+/// once the switch has had the ~0.3 s of device time it needs to ramp up
+/// and bring the write cost back to its worst (it walks down while the
+/// rate is low, then overloads knock it back up), both tenants get about
+/// their fair share. In
 /// simulated time only: nothing here depends on the host's speed.
 #[test]
 fn gimbal_settles_to_fair_shares_after_a_writer_alone_phase_without_client_credits() {
