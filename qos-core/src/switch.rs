@@ -489,6 +489,36 @@ mod tests {
     }
 }
 
+/// Two identical switches with tenants 0-2, for the property tests that
+/// drive one path on each and compare: a tiny bucket (16 KiB at 50 MB/s)
+/// makes tokens hold requests back; write-cost updates on every write.
+#[cfg(test)]
+fn twin_switches(
+    tiny_bucket: bool,
+    slots: u32,
+    quantum_kib: u64,
+) -> (GimbalSwitch<u64>, GimbalSwitch<u64>) {
+    use crate::config::KIB;
+    let config = GimbalConfig {
+        token_bucket_bytes: if tiny_bucket { 16 * KIB } else { 256 * KIB },
+        initial_target_rate_bps: if tiny_bucket {
+            50_000_000
+        } else {
+            1_000_000_000
+        },
+        single_tenant_slots: slots,
+        drr_quantum_bytes: quantum_kib * KIB,
+        write_cost_update_interval_us: 0,
+        ..GimbalConfig::default()
+    };
+    let mut a: GimbalSwitch<u64> = GimbalSwitch::new(&config).unwrap();
+    for t in 0..3 {
+        a.add_tenant(TenantId(t)).unwrap();
+    }
+    let b = a.clone();
+    (a, b)
+}
+
 #[cfg(test)]
 mod submit_dispatch_tests {
     use proptest::prelude::*;
@@ -538,20 +568,7 @@ mod submit_dispatch_tests {
             slots in 1u32..10,
             quantum_kib in prop_oneof![Just(4u64), Just(128)],
         ) {
-            let config = GimbalConfig {
-                token_bucket_bytes: if tiny_bucket { 16 * KIB } else { 256 * KIB },
-                initial_target_rate_bps: if tiny_bucket { 50_000_000 } else { 1_000_000_000 },
-                single_tenant_slots: slots,
-                drr_quantum_bytes: quantum_kib * KIB,
-                write_cost_update_interval_us: 0,
-                ..GimbalConfig::default()
-            };
-            let mut a: GimbalSwitch<u64> = GimbalSwitch::new(&config).unwrap();
-            let mut b: GimbalSwitch<u64> = GimbalSwitch::new(&config).unwrap();
-            for t in 0..3 {
-                a.add_tenant(TenantId(t)).unwrap();
-                b.add_tenant(TenantId(t)).unwrap();
-            }
+            let (mut a, mut b) = twin_switches(tiny_bucket, slots, quantum_kib);
             let mut now = Nanos(0);
             let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
             let mut in_flight: Vec<RequestId> = Vec::new();
@@ -645,20 +662,7 @@ mod pass_through_tests {
             slots in 1u32..10,
             quantum_kib in prop_oneof![Just(4u64), Just(128)],
         ) {
-            let config = GimbalConfig {
-                token_bucket_bytes: if tiny_bucket { 16 * KIB } else { 256 * KIB },
-                initial_target_rate_bps: if tiny_bucket { 50_000_000 } else { 1_000_000_000 },
-                single_tenant_slots: slots,
-                drr_quantum_bytes: quantum_kib * KIB,
-                write_cost_update_interval_us: 0,
-                ..GimbalConfig::default()
-            };
-            let mut a: GimbalSwitch<u64> = GimbalSwitch::new(&config).unwrap();
-            let mut b: GimbalSwitch<u64> = GimbalSwitch::new(&config).unwrap();
-            for t in 0..3 {
-                a.add_tenant(TenantId(t)).unwrap();
-                b.add_tenant(TenantId(t)).unwrap();
-            }
+            let (mut a, mut b) = twin_switches(tiny_bucket, slots, quantum_kib);
             let mut now = Nanos(0);
             let mut in_flight: Vec<RequestId> = Vec::new();
             let mut held: HashMap<RequestId, HeldInFlight> = HashMap::new();
