@@ -293,10 +293,7 @@ impl Pipeline {
             *now = g.submit_locked(st, *now, tenant, op, done, &mut finished);
         }
         drop(held);
-        for (done, io) in finished.drain(..) {
-            done.complete(io);
-        }
-        FINISHED.with(|f| f.replace(finished));
+        run_finished(finished);
     }
 
     /// Requests waiting in the class arbiter, by class (urgent first).
@@ -326,6 +323,15 @@ thread_local! {
     /// completion callback that submits a batch itself finds it taken and
     /// uses a new one.
     static FINISHED: std::cell::Cell<Vec<(Completion, IoDone)>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Runs the completions a submission gathered under the switch's lock
+/// (after releasing it) and gives the buffer back to [`FINISHED`].
+fn run_finished(mut finished: Vec<(Completion, IoDone)>) {
+    for (done, io) in finished.drain(..) {
+        done.complete(io);
+    }
+    FINISHED.with(|f| f.replace(finished));
 }
 
 /// A request waiting in the class arbiter.
@@ -683,24 +689,11 @@ impl GimbalStage {
         let (kind, bytes) = kind_and_bytes(&op);
         let (mut st, now) = self.lock_for(tenant);
         if self.mode == Mode::Inline {
-            let (op, done) = match self.pass_locked(&mut st, now, tenant, kind, bytes, op, done) {
-                Ok((done, io, _)) => {
-                    drop(st);
-                    done.complete(io);
-                    return;
-                }
-                Err(back) => back,
-            };
-            let payload = Queued { op, done };
-            // Something is queued (or the tokens ran out): the request
-            // takes its turn, and what the switch releases runs.
-            match st
-                .switch
-                .submit_dispatch(now, TenantId(tenant), kind, bytes, 0, payload)
-            {
-                Ok((_, first)) => self.pump_inline(st, now, first),
-                Err(e) => log::error!("gimbal switch refused a request: {e}"),
-            }
+            // A batch of one.
+            let mut finished = FINISHED.with(|f| f.take());
+            self.submit_locked(&mut st, now, tenant, op, done, &mut finished);
+            drop(st);
+            run_finished(finished);
             return;
         }
         let payload = Queued { op, done };
