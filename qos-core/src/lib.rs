@@ -19,6 +19,7 @@
 //!   estimate (§3.6, Algorithm 3)
 //! - [`rate_limiter`]: IOPS/bandwidth limits with bursts (§4.3)
 //! - [`replica`]: read replica selection (§4.3)
+//! - [`replica_set`]: the set-of-replicas type the client's fan-out uses
 //!
 //! Priority classes:
 //! - [`priority`]: NVMe classes and the ionice → class mapping
@@ -50,6 +51,7 @@ pub mod error;
 pub mod priority;
 pub mod rate_limiter;
 pub mod replica;
+pub mod replica_set;
 pub mod scheduler;
 pub mod sim;
 pub mod ssd_model;
@@ -61,5 +63,6 @@ pub mod write_cost;
 
 pub use config::GimbalConfig;
 pub use error::{QosError, Result};
+pub use replica_set::ReplicaSet;
 pub use time::Nanos;
 pub use types::{IoKind, RequestId, TenantId};
