@@ -17,6 +17,7 @@ pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod fanout;
 pub mod histogram;
 pub mod intent_log;
 pub mod mapping;
