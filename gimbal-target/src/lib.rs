@@ -1,22 +1,27 @@
 //! `gimbal-target`: an NVMe/TCP target that is also a multi-tenant storage
 //! switch (the Gimbal design, SIGCOMM '21).
 //!
-//! Layers, from the wire inwards:
-//! - the front end speaks NVMe/TCP (through `nvmf-proto`), one controller
-//!   per host association, admin and I/O queues, the discovery subsystem;
-//! - one pipeline per namespace (backend device) sits between the front end
-//!   and the backend: with `qos = "none"` it passes requests straight
+//! Layers, from the wire inwards, one module each:
+//! - [`frontend`] speaks NVMe/TCP (through `nvmf-proto`): the target's
+//!   subsystems, namespaces and tenants ([`frontend::target`]), one
+//!   controller per host association with its registers and admin commands
+//!   ([`frontend::controller`]), one connection per queue
+//!   ([`frontend::connection`]), and the discovery subsystem;
+//! - [`pipeline`]: one per namespace (backend device), between the front
+//!   end and the backend: with `qos = "none"` it passes requests straight
 //!   through, with `qos = "gimbal"` it runs the storage switch from
-//!   `qos-core`;
-//! - backends keep the data: `ram`, `null`, `file`.
+//!   `qos-core`; class arbitration for controllers that enable it;
+//! - [`backend`] keeps the data: `ram`, `null`, `file`, `sim`.
+//!
+//! Around them: [`config`] reads and checks the TOML configuration (errors
+//! name file, line and field, through `config-diag`); [`server`] runs a
+//! target: runtime, listeners, status lines and orderly shutdown.
+//!
+//! The paper's experiments in simulation are the `gimbal-sim` crate, so
+//! that this runtime does not carry the plotting stack.
 
 pub mod backend;
-pub mod clock;
 pub mod config;
-pub mod config_error;
-pub mod connection;
-pub mod controller;
+pub mod frontend;
 pub mod pipeline;
 pub mod server;
-pub mod simulate;
-pub mod target;

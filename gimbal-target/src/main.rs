@@ -28,9 +28,6 @@ enum Command {
         #[arg(long, value_name = "SECS", default_value_t = 10)]
         status_interval: u64,
     },
-    /// Run the Gimbal paper's experiments in simulation and regenerate
-    /// docs/qos-simulation.md (or print metrics with --json).
-    Simulate(gimbal_target::simulate::SimulateArgs),
     /// Predict per-class throughput and worst-case latency under weighted
     /// class arbitration (ionice paper Equations 1-3), e.g.
     /// `plan --weights 4,2,1 --load high=max,low=20k --device 100k`.
@@ -60,7 +57,6 @@ fn main() -> ExitCode {
                     Some(std::time::Duration::from_secs(status_interval)),
                 )
             }),
-        Command::Simulate(args) => gimbal_target::simulate::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Check { config } => TargetConfig::load(&config)
             .map(|c| {

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 use crate::config::TargetConfig;
-use crate::target::Target;
+use crate::frontend::target::Target;
 
 /// A target running on background threads. Dropping it shuts it down.
 #[derive(Debug)]
@@ -101,7 +101,7 @@ async fn serve(target: Arc<Target>, listeners: Vec<TcpListener>) -> std::io::Res
                     r = l.accept() => match r {
                         Ok((stream, _)) => {
                             target.connections_accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            tracker2.spawn(crate::connection::serve(stream, target.clone()));
+                            tracker2.spawn(crate::frontend::connection::serve(stream, target.clone()));
                         }
                         // Out of file descriptors and the like: back off
                         // rather than spin.

@@ -349,7 +349,7 @@ mod pipeline_order {
             ..ArbiterConfig::default()
         }
         .with_arbitration_feature(3 << 24 | 1 << 16 | 0b111);
-        let unit = gimbal_target::controller::DRR_QUANTUM_UNIT_BYTES;
+        let unit = qos_core::class_arbiter::DRR_QUANTUM_UNIT_BYTES;
         c.high_quantum_bytes = u64::from(c.high_weight) * unit;
         c.medium_quantum_bytes = u64::from(c.medium_weight) * unit;
         c.low_quantum_bytes = u64::from(c.low_weight) * unit;

@@ -35,6 +35,7 @@ use nvmf_proto::fabrics::{
 use nvmf_proto::features::{feature_id, NumberOfQueues};
 use nvmf_proto::identify::{ActiveNamespaceList, IdentifyController, IdentifyNamespace};
 use nvmf_proto::log_page::{DiscoveryLogEntry, DiscoveryLogHeader, DiscoveryLogPage};
+use nvmf_proto::uuid::{format_uuid, parse_uuid};
 use nvmf_proto::{Sqe, Status};
 
 use crate::controller::{self, Arbitration, ControllerInfo, Namespace};
@@ -107,30 +108,6 @@ fn random_uuid() -> [u8; 16] {
     b[6] = (b[6] & 0x0F) | 0x40;
     b[8] = (b[8] & 0x3F) | 0x80;
     b
-}
-
-fn format_uuid(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
-fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut b = [0u8; 16];
-    for (i, out) in b.iter_mut().enumerate() {
-        *out = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(b)
 }
 
 /// How to connect to a controller.

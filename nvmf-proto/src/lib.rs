@@ -17,6 +17,7 @@
 //!   commands (Connect, Property Get/Set, Disconnect) with their SQE layouts.
 //! - [`identify`], [`log_page`]: Identify data structures, error/SMART logs,
 //!   the discovery log page, and a vendor log page hook.
+//! - [`uuid`]: host identifiers (UUIDs) to and from text.
 //!
 //! Decoding never panics on any input and never allocates from a length it
 //! read off the wire without checking it against a configured bound.
@@ -95,6 +96,7 @@ pub mod pdu;
 pub mod raw;
 pub mod sqe;
 pub mod status;
+pub mod uuid;
 mod wire;
 
 pub use command::{AdminCommand, IoCommand};

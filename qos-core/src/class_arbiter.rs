@@ -40,6 +40,14 @@ pub enum ArbitrationMode {
     Drr,
 }
 
+/// Bytes of DRR quantum per unit of arbitration weight: a class's quantum
+/// is its weight (HPW/MPW/LPW + 1) times this, so the low class's default
+/// weight of 1 gets 32 KiB per visit, the ionice paper's smallest quantum.
+/// The target's vendor-specific DRR (CC.AMS 111b) and the client's
+/// release of held requests both use it, so that the client releases
+/// requests in the byte ratio the target serves them.
+pub const DRR_QUANTUM_UNIT_BYTES: u64 = 32 * 1024;
+
 /// Configuration of a class arbiter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

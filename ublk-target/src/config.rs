@@ -47,7 +47,7 @@
 //!
 //! Unknown keys are errors (a typo must not silently do nothing).
 //! Every error names the file, the line and the field
-//! ([`gimbal_target::config_error::ConfigError`]); a field of a replica is
+//! ([`config_diag::ConfigError`]); a field of a replica is
 //! named `replica[i].key`, `i` counting from 0 in file order (the index
 //! `status` and the replica selector use).
 
@@ -55,9 +55,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gimbal_target::config_error::ConfigError;
+use config_diag::{ConfigError, Ctx};
 use nvmf_initiator::blocking::HostIdentity;
 use nvmf_initiator::ReconnectPolicy;
+use nvmf_proto::uuid::{format_uuid, parse_uuid};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -305,47 +306,6 @@ struct RawReconnect {
     ctrl_loss_tmo: Option<Spanned<i64>>,
     fast_io_fail_tmo: Option<Spanned<i64>>,
     keep_alive_tmo: Option<Spanned<i64>>,
-}
-
-struct Ctx<'a> {
-    file: &'a Path,
-    source: &'a str,
-}
-
-impl Ctx<'_> {
-    fn err<T>(&self, v: &Spanned<T>, field: &str, msg: impl Into<String>) -> ConfigError {
-        let span = v.span();
-        if span.start == span.end {
-            let mut e = ConfigError::whole_file(self.file, msg);
-            e.field = field.to_owned();
-            return e;
-        }
-        let key = field.rsplit('.').next().unwrap_or(field);
-        ConfigError::at_span(self.file, self.source, span, Some(key), msg)
-    }
-
-    fn int(
-        &self,
-        v: &Option<Spanned<i64>>,
-        field: &str,
-        default: i64,
-        range: std::ops::RangeInclusive<i64>,
-    ) -> Result<i64, ConfigError> {
-        match v {
-            None => Ok(default),
-            Some(s) if range.contains(s.get_ref()) => Ok(*s.get_ref()),
-            Some(s) => Err(self.err(
-                s,
-                field,
-                format!(
-                    "{} is out of range ({}..={})",
-                    s.get_ref(),
-                    range.start(),
-                    range.end()
-                ),
-            )),
-        }
-    }
 }
 
 /// Whether `name` is a usable volume name.
@@ -781,32 +741,6 @@ fn parse_priority(cx: &Ctx<'_>, p: &RawPriority) -> Result<PriorityConfig, Confi
         0..=60_000,
     )? as u64;
     Ok(c)
-}
-
-/// Parse a UUID with or without dashes.
-pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s.trim().chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut b = [0u8; 16];
-    for (i, out) in b.iter_mut().enumerate() {
-        *out = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(b)
-}
-
-/// Format a UUID with dashes.
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
 }
 
 /// The host identity for a volume without `[host]`: the one persisted in

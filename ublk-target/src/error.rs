@@ -11,7 +11,7 @@ pub enum Error {
     Usage(String),
     /// A configuration file error (names file, line and field).
     #[error(transparent)]
-    Config(#[from] gimbal_target::config_error::ConfigError),
+    Config(#[from] config_diag::ConfigError),
     /// The ublk control device is missing: the driver is not loaded.
     #[error(
         "{0} does not exist: this kernel has no ublk driver loaded; run `modprobe ublk_drv` \

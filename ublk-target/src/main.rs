@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Parser, Subcommand};
+use config_diag::parse_size;
 use nvmf_initiator::blocking::{discover, ConnectOptions, Controller, HostIdentity};
 use nvmf_initiator::ReconnectPolicy;
 use ublk_target::bench::{self, BenchOptions, Pattern};
@@ -75,8 +76,9 @@ enum Cmd {
         /// Volume name.
         name: String,
     },
-    /// Try it: an in-process gimbal-target with a RAM namespace on loopback
-    /// and /dev/ublkbN over it, until Ctrl-C.
+    /// Try it: a gimbal-target child process (the binary next to this one,
+    /// $GIMBAL_TARGET, or on PATH) with a RAM namespace on loopback and
+    /// /dev/ublkbN over it, until Ctrl-C.
     Demo {
         /// Size of the RAM namespace.
         #[arg(long, default_value = "1GiB")]
@@ -176,26 +178,6 @@ struct BenchArgs {
     /// Seed for random offsets.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-}
-
-fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim().to_ascii_lowercase();
-    let t = t
-        .strip_suffix("ib")
-        .or_else(|| t.strip_suffix('b'))
-        .unwrap_or(&t);
-    let (num, mult) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('m') => (&t[..t.len() - 1], 1 << 20),
-        Some('g') => (&t[..t.len() - 1], 1 << 30),
-        Some('t') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| anyhow!("'{s}' is not a size (e.g. 4k, 128k, 1m)"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| anyhow!("'{s}' is too large"))
 }
 
 fn resolve(t: &TargetArgs) -> anyhow::Result<SocketAddr> {
@@ -404,19 +386,5 @@ fn main() -> ExitCode {
             eprintln!("ublk-nvmf: error: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4k").unwrap(), 4096);
-        assert_eq!(parse_size("128K").unwrap(), 131072);
-        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
-        assert_eq!(parse_size("512").unwrap(), 512);
-        assert!(parse_size("x").is_err());
     }
 }

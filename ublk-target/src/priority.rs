@@ -37,8 +37,8 @@
 use qos_core::class_arbiter::{ArbiterConfig, ArbitrationMode};
 use qos_core::priority::{ClassMap, NvmeClass};
 
-/// Bytes of DRR quantum per unit of weight (as in gimbal-target).
-pub use gimbal_target::controller::DRR_QUANTUM_UNIT_BYTES;
+/// Bytes of DRR quantum per unit of weight (the target's unit too).
+pub use qos_core::class_arbiter::DRR_QUANTUM_UNIT_BYTES;
 
 /// Where a request's class comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

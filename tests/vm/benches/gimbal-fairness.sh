@@ -126,8 +126,8 @@ bw_kib() {
 
 # sim_ref LABEL QOS: "A_LO A_HI B_LO B_HI REPORT_A REPORT_B". The first four
 # are the f-Util range of the simulation of this bench's own shape, from
-#   cargo run --release -p gimbal-target --example fairness_replay -- 133 83 1 400 --seeds=5 --sizes
-#   cargo run --release -p gimbal-target --example fairness_replay -- 133 83 1 800 --seeds=5
+#   cargo run --release -p gimbal-sim --example fairness_replay -- 133 83 1 400 --seeds=5 --sizes
+#   cargo run --release -p gimbal-sim --example fairness_replay -- 133 83 1 800 --seeds=5
 # (the phases at 300x: 25 s + 15 s alone, 120 s (types: 240 s) + 15 s
 # mixed; sizes: A 512
 # outstanding, B 16; types: 128 and 128; RANGE lines, futil_a / futil_b).

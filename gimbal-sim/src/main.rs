@@ -1,27 +1,33 @@
-//! `gimbal-target simulate`: runs the Gimbal paper's experiments (§5.2–5.5)
-//! in `qos-core`'s deterministic simulation and regenerates
-//! `docs/qos-simulation.md` with its PNG plots.
+//! `gimbal-sim`: runs the Gimbal paper's experiments (§5.2–5.5) in
+//! `qos-core`'s deterministic simulation and regenerates
+//! `docs/qos-simulation.md` with its PNG plots
+//! (`cargo run --release -p gimbal-sim`, from the workspace root).
 //!
-//! The simulation itself is pure (`qos_core::sim`); this module only runs
+//! The simulation itself is pure (`qos_core::sim`); this binary only runs
 //! its independent runs on worker threads, renders the report and the plots
 //! (`plotters`, bitmap backend, with the DejaVu font compiled in so no
-//! system font is needed) and prints the metrics as JSON.
+//! system font is needed) and prints the metrics as JSON. It is a crate of
+//! its own so that the target's runtime does not carry the plotting stack.
 
 mod plots;
 mod report;
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Context;
+use clap::Parser;
 use qos_core::sim::engine::{run as run_simulation, RunResult, RunSpec};
 use qos_core::sim::experiments::{check_bar, run_suite, BarCheck, Scale, SuiteResult};
 use serde::Serialize;
 
-/// Arguments of `gimbal-target simulate`.
-#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+/// Run the Gimbal paper's experiments in simulation and regenerate
+/// docs/qos-simulation.md (or print metrics with --json).
+#[derive(Parser, Clone, Debug, PartialEq, Eq)]
+#[command(version, about)]
 pub struct SimulateArgs {
     /// Directory that receives `qos-simulation.md` and the PNGs (in
     /// `qos-simulation/` below it).
@@ -67,6 +73,17 @@ pub struct JsonOutput<'a> {
     pub suite: &'a SuiteResult,
     /// The bar, criterion by criterion.
     pub bar: &'a [BarCheck],
+}
+
+fn main() -> ExitCode {
+    let args = SimulateArgs::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gimbal-sim: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs the experiments, writes the report (unless `no_report`) and prints

@@ -27,11 +27,11 @@ use nvmf_proto::log_page::{
     GimbalViewPage, SmartLog, ERROR_LOG_ENTRY_LEN, SMART_LOG_LEN,
 };
 use nvmf_proto::{SglKind, Sqe, Status};
-use qos_core::class_arbiter::{ArbiterConfig, ArbitrationMode};
+use qos_core::class_arbiter::{ArbiterConfig, ArbitrationMode, DRR_QUANTUM_UNIT_BYTES};
 use qos_core::congestion::CongestionState;
 use tokio_util::sync::CancellationToken;
 
-use crate::target::{Subsystem, Target};
+use crate::frontend::target::{Namespace, Subsystem, Target};
 
 /// IEEE OUI reported in Identify Controller: none registered, so zero.
 const IEEE_OUI: [u8; 3] = [0, 0, 0];
@@ -43,10 +43,6 @@ pub const AER_LIMIT: usize = 4;
 const ERROR_LOG_ENTRIES: usize = 1;
 /// CAP.TO: how long a host waits for CSTS.RDY, in 500 ms units (7.5 s).
 const READY_TIMEOUT_500MS: u8 = 15;
-/// Bytes of DRR quantum per unit of arbitration weight (CC.AMS 111b): the
-/// low class's default weight of 1 gets 32 KiB per visit, the ionice
-/// paper's smallest quantum.
-pub const DRR_QUANTUM_UNIT_BYTES: u64 = 32 * 1024;
 /// Keep Alive Support granularity (KAS), in 100 ms units.
 const KEEP_ALIVE_GRANULARITY_100MS: u16 = 1;
 
@@ -485,8 +481,7 @@ impl Controller {
                 id.mdts = (limits.max_data_transfer_bytes / 4096).trailing_zeros() as u8;
                 id.nn = s.max_nsid();
                 id.mnan = s.max_nsid();
-                let any =
-                    |f: fn(&crate::target::Namespace) -> bool| s.namespaces.values().any(|n| f(n));
+                let any = |f: fn(&Namespace) -> bool| s.namespaces.values().any(|n| f(n));
                 id.oncs = oncs::WRITE_ZEROES
                     | if any(|n| n.info.discard) {
                         oncs::DATASET_MANAGEMENT
@@ -603,7 +598,7 @@ impl Controller {
 }
 
 /// The virtual view page of a namespace for one tenant.
-pub fn gimbal_view(ns: &crate::target::Namespace, tenant: u32) -> GimbalViewPage {
+pub fn gimbal_view(ns: &Namespace, tenant: u32) -> GimbalViewPage {
     let Some(v) = ns.pipeline.virtual_view() else {
         return GimbalViewPage {
             congestion_state: GimbalViewPage::NO_SWITCH,
@@ -643,7 +638,7 @@ pub fn clamp_kato(asked_ms: u32, min_ms: u32, max_ms: u32, default_ms: u32) -> u
 }
 
 /// Identify Namespace for one namespace.
-pub fn identify_namespace(ns: &crate::target::Namespace) -> IdentifyNamespace {
+pub fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
     IdentifyNamespace {
         nsze: ns.size_blocks,
         ncap: ns.size_blocks,

@@ -29,9 +29,9 @@
 //! # PHASE_MS and WARMUP_MS are device time per phase; the host bench at
 //! # 100x with 14 s phases is 140 ms and no warm-up; the VM bench at 300x
 //! # with 25 s warm-up + 15 s measured is 133 ms and 83 ms.
-//! cargo run --release -p gimbal-target --example fairness_replay -- [PHASE_MS] [WARMUP_MS] [SEED] [MIXED_WARMUP_MS] [--trace] [--writer-first] [--sizes] [--qd-a=N] [--qd-b=N] [--seeds=N]
+//! cargo run --release -p gimbal-sim --example fairness_replay -- [PHASE_MS] [WARMUP_MS] [SEED] [MIXED_WARMUP_MS] [--trace] [--writer-first] [--sizes] [--qd-a=N] [--qd-b=N] [--seeds=N]
 //! # the VM bench's phases (300x: 25 s + 15 s alone, 75 s + 15 s mixed):
-//! cargo run --release -p gimbal-target --example fairness_replay -- 133 83 1 250 --sizes
+//! cargo run --release -p gimbal-sim --example fairness_replay -- 133 83 1 250 --sizes
 //! ```
 
 use qos_core::config::GimbalConfig;

@@ -42,9 +42,9 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::controller::{clamp_kato, AdminOutcome, Controller, HostIdentity};
+use crate::frontend::controller::{clamp_kato, AdminOutcome, Controller, HostIdentity};
+use crate::frontend::target::{Namespace, Subsystem, Target};
 use crate::pipeline::{ClassTag, Completion, CompletionSink, IoDone, IoOp};
-use crate::target::{Namespace, Target};
 use qos_core::priority::NvmeClass;
 
 /// What the reader hands the writer.
@@ -217,6 +217,14 @@ struct PendingData {
     ttag: u16,
     /// A data digest error hit one of its PDUs: it fails once all data is in.
     poisoned: bool,
+}
+
+/// How a Connect is refused: its completion.
+enum ConnectRefusal {
+    /// This status, dword 0 clear.
+    Status(Status),
+    /// Connect Invalid Parameters (DNR), dword 0 naming the field.
+    Invalid(ConnectInvalidParameter),
 }
 
 enum QueueState {
@@ -681,130 +689,188 @@ impl Connection {
         }
     }
 
+    /// Answers the Fabrics Connect that opens a queue: checks what an admin
+    /// and an I/O queue share, then creates a controller (QID 0) or joins
+    /// one, and sets the queue up the same way for both.
     fn handle_connect(&mut self, sqe: Sqe, c: Connect, data: &[u8]) {
-        let r = self.responder.clone();
-        let invalid = |p: ConnectInvalidParameter| {
-            r.complete(
+        debug_assert!(matches!(self.state, QueueState::AwaitConnect));
+        let joined = self.check_connect(&c, data).and_then(|(cd, subsystem)| {
+            if c.qid == 0 {
+                self.connect_admin(&c, &cd, subsystem)
+            } else {
+                self.connect_io(&c, &cd)
+            }
+        });
+        match joined {
+            Ok(state) => self.accept_connect(sqe.cid, &c, state),
+            Err(ConnectRefusal::Status(status)) => self.responder.status(sqe.cid, status),
+            Err(ConnectRefusal::Invalid(p)) => self.responder.complete(
                 sqe.cid,
                 Status::CONNECT_INVALID_PARAMETERS.with_dnr(),
                 p.to_dw0(),
                 0,
                 Vec::new(),
-            )
-        };
+            ),
+        }
+    }
+
+    /// The checks every Connect passes: record format, the Connect data
+    /// (in the capsule, whole), the queue size, and the subsystem (`None`:
+    /// discovery), which must exist and allow the host.
+    fn check_connect(
+        &self,
+        c: &Connect,
+        data: &[u8],
+    ) -> Result<(ConnectData, Option<Arc<Subsystem>>), ConnectRefusal> {
+        use ConnectRefusal::{Invalid, Status as Refuse};
         if c.recfmt != 0 {
-            return r.status(sqe.cid, Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr());
+            return Err(Refuse(Status::CONNECT_INCOMPATIBLE_FORMAT.with_dnr()));
         }
         let in_capsule_ok = matches!(c.sgl.kind(), SglKind::InCapsule { offset: 0, length } if length as usize == nvmf_proto::fabrics::CONNECT_DATA_LEN)
             && data.len() == nvmf_proto::fabrics::CONNECT_DATA_LEN;
         if !in_capsule_ok {
-            return r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+            return Err(Refuse(Status::DATA_SGL_LENGTH_INVALID.with_dnr()));
         }
         let cd = match ConnectData::from_bytes(data) {
             Ok(cd) => cd,
             Err(ProtoError::InvalidField { offset, .. }) => {
                 log::warn!("{}: Connect data malformed at byte {offset}", self.peer);
-                return invalid(ConnectInvalidParameter::Data(offset as u16));
+                return Err(Invalid(ConnectInvalidParameter::Data(offset as u16)));
             }
-            Err(_) => return invalid(ConnectInvalidParameter::Data(0)),
+            Err(_) => return Err(Invalid(ConnectInvalidParameter::Data(0))),
         };
         let limits = self.target.config.limits;
         if c.sqsize == 0 || c.queue_depth() > limits.max_queue_size as u32 {
-            return invalid(ConnectInvalidParameter::Command(connect_sqe_offset::SQSIZE));
+            return Err(Invalid(ConnectInvalidParameter::Command(
+                connect_sqe_offset::SQSIZE,
+            )));
         }
-        let subsystem = if cd.subnqn == DISCOVERY_NQN {
-            None
-        } else {
-            match self.target.subsystems.get(&cd.subnqn) {
-                Some(s) => Some(s.clone()),
-                None => {
-                    log::warn!(
-                        "{}: host {} asked for unknown subsystem {}",
-                        self.peer,
-                        cd.hostnqn,
-                        cd.subnqn
-                    );
-                    return invalid(ConnectInvalidParameter::Data(connect_data_offset::SUBNQN));
-                }
-            }
-        };
-        if let Some(s) = &subsystem {
-            if !s.config.host_allowed(&cd.hostnqn) {
-                log::warn!(
-                    "{}: host {} is not allowed on {}",
-                    self.peer,
-                    cd.hostnqn,
-                    cd.subnqn
-                );
-                return r.status(sqe.cid, Status::CONNECT_INVALID_HOST.with_dnr());
-            }
+        if cd.subnqn == DISCOVERY_NQN {
+            return Ok((cd, None));
         }
-        let sq = &self.responder.sq;
-        if c.qid == 0 {
-            if cd.cntlid != CNTLID_DYNAMIC {
-                return invalid(ConnectInvalidParameter::Data(connect_data_offset::CNTLID));
-            }
-            let ka = self.target.config.keep_alive;
-            let kato = clamp_kato(c.kato_ms, ka.min_ms, ka.max_ms, ka.default_ms);
-            let tenant = self.target.tenant_of(&cd.hostnqn);
-            let now = self.target.now_ms();
-            let ctrl = self.target.register_controller(|id| {
-                Arc::new(Controller::new(
-                    id,
-                    subsystem.clone(),
-                    HostIdentity {
-                        nqn: cd.hostnqn.clone(),
-                        id: cd.host_id,
-                        tenant,
-                    },
-                    c.queue_depth(),
-                    kato,
-                    now,
-                ))
-            });
-            let Some(ctrl) = ctrl else {
-                return r.status(sqe.cid, Status::CONNECT_CONTROLLER_BUSY);
-            };
-            log::info!(
-                "{}: host {} connected to {} as controller {} (KATO {} ms)",
+        let Some(subsystem) = self.target.subsystems.get(&cd.subnqn).cloned() else {
+            log::warn!(
+                "{}: host {} asked for unknown subsystem {}",
                 self.peer,
                 cd.hostnqn,
-                ctrl.subnqn(),
-                ctrl.cntlid,
-                kato
+                cd.subnqn
             );
-            spawn_keep_alive_monitor(self.target.clone(), ctrl.clone());
-            sq.size.store(c.queue_depth() as u16, Ordering::Relaxed);
-            sq.flow_control_disabled
-                .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
-            sq.head.store(1 % c.queue_depth() as u16, Ordering::Relaxed);
-            let dw0 = connect_success_dw0(ctrl.cntlid, 0);
-            self.state = QueueState::Admin(ctrl);
-            r.complete(sqe.cid, Status::SUCCESS, dw0, 0, Vec::new());
-        } else {
-            let ctrl = match self.target.controller(cd.cntlid) {
-                Some(ctrl)
-                    if ctrl.subnqn() == cd.subnqn
-                        && ctrl.host_nqn == cd.hostnqn
-                        && !ctrl.is_discovery() =>
-                {
-                    ctrl
-                }
-                _ => return invalid(ConnectInvalidParameter::Data(connect_data_offset::CNTLID)),
-            };
-            if let Err(why) = ctrl.attach_io_queue(c.qid) {
-                log::warn!("{}: I/O queue {} refused: {why}", self.peer, c.qid);
-                return invalid(ConnectInvalidParameter::Command(connect_sqe_offset::QID));
-            }
-            sq.size.store(c.queue_depth() as u16, Ordering::Relaxed);
-            sq.flow_control_disabled
-                .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
-            sq.head.store(1 % c.queue_depth() as u16, Ordering::Relaxed);
-            let dw0 = connect_success_dw0(ctrl.cntlid, 0);
-            let class = NvmeClass::ALL[c.priority_class() as usize];
-            self.state = QueueState::Io(ctrl, c.qid, class);
-            r.complete(sqe.cid, Status::SUCCESS, dw0, 0, Vec::new());
+            return Err(Invalid(ConnectInvalidParameter::Data(
+                connect_data_offset::SUBNQN,
+            )));
+        };
+        if !subsystem.config.host_allowed(&cd.hostnqn) {
+            log::warn!(
+                "{}: host {} is not allowed on {}",
+                self.peer,
+                cd.hostnqn,
+                cd.subnqn
+            );
+            return Err(Refuse(Status::CONNECT_INVALID_HOST.with_dnr()));
         }
+        Ok((cd, Some(subsystem)))
+    }
+
+    /// An admin queue's Connect: a new controller (dynamic model) with
+    /// its keep-alive monitor.
+    fn connect_admin(
+        &self,
+        c: &Connect,
+        cd: &ConnectData,
+        subsystem: Option<Arc<Subsystem>>,
+    ) -> Result<QueueState, ConnectRefusal> {
+        if cd.cntlid != CNTLID_DYNAMIC {
+            return Err(ConnectRefusal::Invalid(ConnectInvalidParameter::Data(
+                connect_data_offset::CNTLID,
+            )));
+        }
+        let ka = self.target.config.keep_alive;
+        let kato = clamp_kato(c.kato_ms, ka.min_ms, ka.max_ms, ka.default_ms);
+        let tenant = self.target.tenant_of(&cd.hostnqn);
+        let now = self.target.now_ms();
+        let ctrl = self.target.register_controller(|id| {
+            Arc::new(Controller::new(
+                id,
+                subsystem,
+                HostIdentity {
+                    nqn: cd.hostnqn.clone(),
+                    id: cd.host_id,
+                    tenant,
+                },
+                c.queue_depth(),
+                kato,
+                now,
+            ))
+        });
+        let Some(ctrl) = ctrl else {
+            return Err(ConnectRefusal::Status(Status::CONNECT_CONTROLLER_BUSY));
+        };
+        log::info!(
+            "{}: host {} connected to {} as controller {} (KATO {} ms)",
+            self.peer,
+            cd.hostnqn,
+            ctrl.subnqn(),
+            ctrl.cntlid,
+            kato
+        );
+        spawn_keep_alive_monitor(self.target.clone(), ctrl.clone());
+        Ok(QueueState::Admin(ctrl))
+    }
+
+    /// An I/O queue's Connect: joins the live, non-discovery controller
+    /// the host names, on the same subsystem and for the same host.
+    fn connect_io(&self, c: &Connect, cd: &ConnectData) -> Result<QueueState, ConnectRefusal> {
+        let ctrl = match self.target.controller(cd.cntlid) {
+            Some(ctrl)
+                if ctrl.subnqn() == cd.subnqn
+                    && ctrl.host_nqn == cd.hostnqn
+                    && !ctrl.is_discovery() =>
+            {
+                ctrl
+            }
+            _ => {
+                return Err(ConnectRefusal::Invalid(ConnectInvalidParameter::Data(
+                    connect_data_offset::CNTLID,
+                )))
+            }
+        };
+        if let Err(why) = ctrl.attach_io_queue(c.qid) {
+            log::warn!("{}: I/O queue {} refused: {why}", self.peer, c.qid);
+            return Err(ConnectRefusal::Invalid(ConnectInvalidParameter::Command(
+                connect_sqe_offset::QID,
+            )));
+        }
+        let class = NvmeClass::ALL[c.priority_class() as usize];
+        Ok(QueueState::Io(ctrl, c.qid, class))
+    }
+
+    /// Sets the queue up as its Connect asks (size; SQ flow control; the
+    /// head past the Connect itself), enters `state` and answers with the
+    /// controller ID.
+    fn accept_connect(&mut self, cid: u16, c: &Connect, state: QueueState) {
+        let cntlid = match &state {
+            QueueState::Admin(ctrl) | QueueState::Io(ctrl, ..) => ctrl.cntlid,
+            QueueState::AwaitIcReq | QueueState::AwaitConnect => {
+                unreachable!("a Connect is accepted into an admin or I/O queue")
+            }
+        };
+        // `check_connect` bounded it by `max_queue_size` (at most 1024):
+        // it fits the register, and the head's modulus is not zero.
+        let depth = c.queue_depth() as u16;
+        debug_assert!(depth >= 2 && u32::from(depth) == c.queue_depth());
+        let sq = &self.responder.sq;
+        sq.size.store(depth, Ordering::Relaxed);
+        sq.flow_control_disabled
+            .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
+        sq.head.store(1 % depth, Ordering::Relaxed);
+        self.state = state;
+        self.responder.complete(
+            cid,
+            Status::SUCCESS,
+            connect_success_dw0(cntlid, 0),
+            0,
+            Vec::new(),
+        );
     }
 
     /// The class tag of this queue's requests to `ns`: `None` (round

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{self, BackendInfo};
 use crate::config::{NamespaceConfig, QosMode, SubsystemConfig, TargetConfig};
-use crate::controller::Controller;
+use crate::frontend::controller::Controller;
 use crate::pipeline::Pipeline;
 
 /// One namespace: its geometry, identity and pipeline.

@@ -1,0 +1,15 @@
+//! The NVMe/TCP front end: what a host sees.
+//!
+//! - [`target`]: the target-wide state built from the configuration:
+//!   subsystems, namespaces (each with its pipeline), the table of live
+//!   controllers, tenants (one per host NQN).
+//! - [`controller`]: one controller per host association: registers,
+//!   features, admin commands, Identify and log pages, keep-alive; pure
+//!   functions of the controller and target state.
+//! - [`connection`]: one TCP connection (one queue of one controller): the
+//!   reader decodes, validates and submits to the namespace pipelines; the
+//!   writer batches every ready PDU into one socket write.
+
+pub mod connection;
+pub mod controller;
+pub mod target;
