@@ -56,6 +56,9 @@ pub enum Fault {
     Silence,
     /// Close the connection instead of answering.
     Close,
+    /// An Internal Error status instead of doing the command (a failing
+    /// device behind a healthy connection).
+    ErrorStatus,
 }
 
 /// When a [`Fault`] fires.
@@ -662,6 +665,9 @@ impl FakeConnection {
         };
         match fault {
             Some(Fault::Silence | Fault::Close | Fault::TermReq) => return,
+            Some(Fault::ErrorStatus) => {
+                return self.respond(Cqe::new(sqe.cid, Status::INTERNAL_ERROR));
+            }
             Some(Fault::BadPlen) => {
                 let mut b = Vec::new();
                 Pdu::CapsuleResp(CapsuleResp {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use qos_core::credit_gate::CreditMode;
 use qos_core::rate_limiter::RateLimits;
 use qos_core::Nanos;
-use ublk_target::qos::{Class, QosConfig, QueueQos, VolumeQos};
+use ublk_target::qos::{LimitKind, QosConfig, QueueQos, VolumeQos};
 
 fn run(cfg: QosConfig, n: u64, depth: u64) -> f64 {
     let mut q: QueueQos<u64> = QueueQos::new(
@@ -22,7 +22,7 @@ fn run(cfg: QosConfig, n: u64, depth: u64) -> f64 {
         q.push(
             now,
             i,
-            Class::Read,
+            LimitKind::Read,
             4096,
             qos_core::priority::NvmeClass::Medium,
         );

@@ -1,6 +1,8 @@
 //! The server subcommands: `run`, `demo`, `add`, `recover`, `del`, `list`,
 //! `status`, `udev-name`.
 
+mod demo_target;
+
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +15,8 @@ use ublk_target::replication::Copier;
 use ublk_target::state::{self, DeviceState};
 use ublk_target::ublk::{self, DevState, Serve};
 use ublk_target::volume::Volume;
+
+use demo_target::DemoTarget;
 
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
@@ -83,8 +87,41 @@ fn recovery_target(dir: &Path, name: &str) -> anyhow::Result<Option<DeviceState>
 pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
     ublk::check_available()?;
     let dir = state::run_dir();
-    let name = config.name.clone();
-    let recover = recovery_target(&dir, &name)?;
+    let recover = recovery_target(&dir, &config.name)?;
+    let vol = open_volume(&config, recover.as_ref())?;
+    let stop = stop_on_signals();
+    let manager = ReplicationManager::start(&vol);
+    let live = DeviceLive {
+        vol: Arc::clone(&vol),
+        dir: dir.clone(),
+        config_path: std::fs::canonicalize(&config.path).unwrap_or(config.path.clone()),
+        stop: Arc::clone(&stop),
+        announce,
+    };
+    let res = ublk::serve(
+        Serve {
+            volume: Arc::clone(&vol),
+            recover_id: recover.as_ref().map(|s| s.dev_id),
+            stop: Arc::clone(&stop),
+        },
+        Box::new(move |dev_id| live.on_live(dev_id)),
+    );
+    manager.stop();
+    if stop.load(Ordering::SeqCst) {
+        shut_down(&vol, &dir, res.is_ok());
+    }
+    res?;
+    Ok(())
+}
+
+/// Connect the volume's targets (the host identity from the config, or
+/// this machine's persistent one); when taking over `recover`'s device,
+/// check that it was made for the same namespace.
+fn open_volume(
+    config: &VolumeConfig,
+    recover: Option<&DeviceState>,
+) -> anyhow::Result<Arc<Volume>> {
+    let name = &config.name;
     let host = match &config.host {
         Some(h) => h.clone(),
         None => persistent_host_identity(&state::lib_dir())
@@ -94,12 +131,10 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
         "{}:{} {}",
         config.target.address, config.target.port, config.target.subnqn
     );
-    let priority = open_priority(&config);
-    let vol = Arc::new(
-        Volume::connect(config.clone(), host, priority, recover.is_some())
-            .with_context(|| format!("volume {name}: {target}"))?,
-    );
-    if let Some(st) = &recover {
+    let priority = open_priority(config);
+    let vol = Volume::connect(config.clone(), host, priority, recover.is_some())
+        .with_context(|| format!("volume {name}: {target}"))?;
+    if let Some(st) = recover {
         if st.target != vol.identity {
             bail!(
                 "volume {name}: {} was created for a different namespace ({:?}); refusing to recover it onto {:?}",
@@ -110,94 +145,148 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
         }
         log::warn!("volume {name}: recovering {}", st.device());
     }
-    let stop = stop_on_signals();
-    let vol2 = Arc::clone(&vol);
-    let stop2 = Arc::clone(&stop);
-    let dir2 = dir.clone();
-    let cfg_path = std::fs::canonicalize(&config.path).unwrap_or(config.path.clone());
-    let on_live = Box::new(move |dev_id: u32| {
-        vol2.priority
-            .register(dev_id, vol2.config.queues, vol2.config.queue_depth);
+    Ok(Arc::new(vol))
+}
+
+/// What happens once the device is live (called by `ublk::serve` from its
+/// own thread).
+struct DeviceLive {
+    vol: Arc<Volume>,
+    dir: std::path::PathBuf,
+    config_path: std::path::PathBuf,
+    /// Set by a `stop` request on the control socket.
+    stop: Arc<AtomicBool>,
+    announce: bool,
+}
+
+impl DeviceLive {
+    /// Register the device with the priority side channel, save its state
+    /// (for `list`, `recover`, udev), open the control socket, and tell
+    /// systemd and the user.
+    fn on_live(self, dev_id: u32) {
+        let vol = &self.vol;
+        vol.priority
+            .register(dev_id, vol.config.queues, vol.config.queue_depth);
         let st = DeviceState {
-            volume: vol2.config.name.clone(),
-            config: cfg_path,
+            volume: vol.config.name.clone(),
+            config: self.config_path,
             dev_id,
             pid: std::process::id(),
-            target: vol2.identity.clone(),
+            target: vol.identity.clone(),
         };
         let device = st.device();
-        if let Err(e) = state::save(&dir2, &st) {
+        if let Err(e) = state::save(&self.dir, &st) {
             log::error!("saving state: {e}");
         }
-        let v3 = Arc::clone(&vol2);
-        let dev3 = device.clone();
-        let stop3 = Arc::clone(&stop2);
-        if let Err(e) = state::serve_control(&dir2, &st.volume, move |line| match line {
-            "ping" => "pong\n".into(),
-            "status-json" => serde_json::to_string(&v3.snapshot(&dev3)).unwrap_or_default() + "\n",
-            "status" => format_status(&v3.snapshot(&dev3)),
-            "reload" => control_reload(&v3),
-            l if l.starts_with("set ") => {
-                let words: Vec<&str> = l[4..].split_whitespace().collect();
-                control_set(&v3, &words)
-            }
-            "stop" => {
-                stop3.store(true, Ordering::SeqCst);
-                "stopping\n".into()
-            }
-            other => format!("error: unknown request {other:?}\n"),
-        }) {
+        let control = ControlHandler {
+            vol: Arc::clone(vol),
+            device: device.clone(),
+            stop: self.stop,
+        };
+        if let Err(e) = state::serve_control(&self.dir, &st.volume, move |line| control.reply(line))
+        {
             log::error!("control socket: {e}");
         }
         let _ = ublk_target::notify::notify(&format!("READY=1\nSTATUS=serving {device}"));
-        if announce {
+        if self.announce {
             println!("{device}");
         }
         log::warn!("volume {}: {device} is live", st.volume);
-    });
-    // Replicated volumes: the manager fences, reconnects and resyncs
-    // replicas in the background.
-    let manager_stop = Arc::new(AtomicBool::new(false));
-    let manager = vol.replication.is_some().then(|| {
-        let v = Arc::clone(&vol);
-        let st = Arc::clone(&manager_stop);
-        std::thread::Builder::new()
-            .name("replication".into())
-            .spawn(move || {
-                let copiers: Vec<Copier<'_>> = v
-                    .targets
-                    .iter()
-                    .map(|t| Copier {
-                        ctrl: &t.ctrl,
-                        nsid: t.spec.nsid,
-                    })
-                    .collect();
-                if let Some(rep) = &v.replication {
-                    rep.run_manager(&copiers, v.geometry.block_size, &st);
-                }
-            })
-    });
-    let res = ublk::serve(
-        Serve {
-            volume: Arc::clone(&vol),
-            recover_id: recover.as_ref().map(|s| s.dev_id),
-            stop: Arc::clone(&stop),
-        },
-        on_live,
-    );
-    manager_stop.store(true, Ordering::Release);
-    if let Some(Ok(h)) = manager {
-        let _ = h.join();
     }
-    if stop.load(Ordering::SeqCst) {
-        if let (Some(rep), true) = (&vol.replication, res.is_ok()) {
-            // Every request was answered before the device went away.
-            rep.close_clean();
+}
+
+/// Answers the control socket's requests for a live device.
+struct ControlHandler {
+    vol: Arc<Volume>,
+    device: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl ControlHandler {
+    /// The reply to one request line.
+    fn reply(&self, line: &str) -> String {
+        let vol = &self.vol;
+        match line {
+            "ping" => "pong\n".into(),
+            "status-json" => {
+                serde_json::to_string(&vol.snapshot(&self.device)).unwrap_or_default() + "\n"
+            }
+            "status" => format_status(&vol.snapshot(&self.device)),
+            "reload" => control_reload(vol),
+            l if l.starts_with("set ") => {
+                let words: Vec<&str> = l[4..].split_whitespace().collect();
+                control_set(vol, &words)
+            }
+            "stop" => {
+                self.stop.store(true, Ordering::SeqCst);
+                "stopping\n".into()
+            }
+            other => format!("error: unknown request {other:?}\n"),
         }
-        state::remove(&dir, &name);
     }
-    res?;
-    Ok(())
+}
+
+/// The thread of a replicated volume that fences, reconnects and resyncs
+/// replicas in the background (none for a plain volume).
+struct ReplicationManager {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReplicationManager {
+    fn start(vol: &Arc<Volume>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = vol.replication.is_some().then(|| {
+            let vol = Arc::clone(vol);
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("replication".into())
+                .spawn(move || manage_replicas(&vol, &stop))
+        });
+        let thread = match thread {
+            Some(Ok(h)) => Some(h),
+            Some(Err(e)) => {
+                log::error!("volume {}: replication thread: {e}", vol.config.name);
+                None
+            }
+            None => None,
+        };
+        Self { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.thread {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The replication manager's loop, until `stop` is set.
+fn manage_replicas(vol: &Volume, stop: &AtomicBool) {
+    let copiers: Vec<Copier<'_>> = vol
+        .replicas
+        .iter()
+        .map(|t| Copier {
+            ctrl: &t.ctrl,
+            nsid: t.spec.nsid,
+        })
+        .collect();
+    if let Some(rep) = &vol.replication {
+        rep.run_manager(&copiers, vol.geometry.block_size, stop);
+    }
+}
+
+/// After an orderly stop (signal or `del`): record a clean shutdown in the
+/// intent log when every request was answered (`served_ok`), and remove
+/// the saved state. (When the queues went down instead, the state stays
+/// for `recover`.)
+fn shut_down(vol: &Volume, dir: &Path, served_ok: bool) {
+    if let (Some(rep), true) = (&vol.replication, served_ok) {
+        // Every request was answered before the device went away.
+        rep.close_clean();
+    }
+    state::remove(dir, &vol.config.name);
 }
 
 /// The volume's priority state: with `source = "ionice"` the BPF side
@@ -425,22 +514,15 @@ fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
     )
 }
 
-/// `demo`: an in-process gimbal-target with a RAM namespace on loopback and
-/// a device over it, until Ctrl-C.
+/// `demo`: a gimbal-target child process with a RAM namespace on loopback
+/// and a device over it, until Ctrl-C (then the device is removed and the
+/// target stopped).
 pub fn demo(size: &str) -> anyhow::Result<()> {
     ublk::check_available()?;
+    config_diag::parse_size(size).map_err(|e| anyhow!("--size: {e}"))?;
     let nqn = "nqn.2026-01.io.gimbal:ublk-nvmf-demo";
-    let text = format!(
-        "listen = [\"127.0.0.1:0\"]\n[[subsystem]]\nnqn = \"{nqn}\"\nallow_any_host = true\n\
-         [[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = \"{size}\"\nblock_size = 4096\n"
-    );
-    let tcfg = gimbal_target::config::TargetConfig::parse(Path::new("<demo>"), &text)
-        .map_err(|e| anyhow!("--size: {e}"))?;
-    let target = gimbal_target::server::spawn(tcfg).context("starting the demo target")?;
-    let addr = *target
-        .local_addrs()
-        .first()
-        .ok_or_else(|| anyhow!("demo target has no address"))?;
+    let target = DemoTarget::start(nqn, size).context("starting the demo target")?;
+    let addr = target.addr();
     eprintln!("demo: gimbal-target (RAM, {size}) on {addr}, subsystem {nqn}");
     let vtext = format!(
         "name = \"demo\"\n[target]\naddress = \"{}\"\nport = {}\nsubnqn = \"{nqn}\"\n\
@@ -452,7 +534,7 @@ pub fn demo(size: &str) -> anyhow::Result<()> {
     vcfg.host = Some(nvmf_initiator::blocking::HostIdentity::random());
     eprintln!("demo: serving until Ctrl-C");
     let r = run(vcfg, true);
-    target.shutdown();
+    drop(target);
     r
 }
 

@@ -47,9 +47,15 @@ use std::time::{Duration, Instant};
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
 
+use crate::fanout::PartId;
 use crate::priority::{class_name, connect_class};
-use crate::qos::{bits, Class, QueueQos, Route, Ticket};
+use crate::qos::{LimitKind, QueueQos};
+pub use crate::requests::TagBuf;
+use crate::requests::{PartSink, Requests};
 use crate::volume::{Stats, Volume};
+
+/// NVMe priority classes: a replica has a path entry per class.
+const CLASSES: usize = NvmeClass::ALL.len();
 
 /// Period of the housekeeping timer.
 pub const TICK: Duration = Duration::from_millis(50);
@@ -62,41 +68,6 @@ const RX_BYTES: usize = 256 * 1024;
 const DIRECT_MIN_BYTES: usize = 16 * 1024;
 /// Bytes gathered per send.
 const TX_LIMIT: usize = 256 * 1024;
-
-/// A view of a tag's I/O buffer (the ublk queue's per-tag `IoBuf`) handed
-/// to the initiator's queue for the request's lifetime.
-///
-/// The buffers are allocated once per queue thread and outlive the engine
-/// (see `ublk.rs`), and a tag's buffer is touched by nobody else while its
-/// request is in the engine: the tag task waits for the completion before
-/// it commits the buffer back to the driver.
-pub struct TagBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl TagBuf {
-    /// # Safety
-    /// `ptr..ptr+len` must stay valid and unaliased while the `TagBuf` or
-    /// a request holding it lives.
-    pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
-        Self { ptr, len }
-    }
-}
-
-impl AsRef<[u8]> for TagBuf {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: see `TagBuf::new`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl AsMut<[u8]> for TagBuf {
-    fn as_mut(&mut self) -> &mut [u8] {
-        // SAFETY: see `TagBuf::new`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
 
 /// One io_uring operation, as the libublk adapter submits it on the
 /// queue's ring (`ublk::uring_op`); the result is the CQE's `res`.
@@ -112,7 +83,7 @@ struct Conn {
 /// One NVMe/TCP I/O queue of the engine: the queue of one priority class
 /// on one target (its Connect carries the class in CATTR).
 struct Path {
-    /// Index of the target (replica) in `Volume::targets`.
+    /// Index of the replica in `Volume::replicas`.
     replica: usize,
     class: NvmeClass,
     qid: Option<u16>,
@@ -133,85 +104,53 @@ struct Path {
     last_attempt: Option<Instant>,
 }
 
-/// A request between the ublk tag and its NVMe commands: what the QoS
-/// stage holds, and what each replica's command is built from.
-#[derive(Clone)]
-struct Pending {
-    tag: u16,
-    command: Command,
-    /// The tag's buffer (pointer, length) when data travels.
-    buf: Option<(*mut u8, usize)>,
-}
-
-/// Per tag: the request in the engine.
-#[derive(Default)]
-struct TagState {
-    /// Admitted: the QoS ticket (its replica mask shrinks as parts end).
-    ticket: Option<Ticket>,
-    pending: Option<Pending>,
-    prio: Option<NvmeClass>,
-    /// Bytes of the volume a write, discard or write-zeroes changes (the
-    /// intent log's unit), with the replicas it was sent to.
-    write: Option<(Range<u64>, u32)>,
-    /// Some part failed for good.
-    failed: bool,
-}
-
 /// The engine of one ublk queue; see the module documentation.
 pub struct Engine {
     volume: Arc<Volume>,
     stats: Arc<Stats>,
-    /// One per (target, class with a queue of its own).
+    /// One per (replica, class with a queue of its own).
     paths: Vec<Path>,
-    /// Path of (target r, class c): `path_of[r * 4 + c.index()]`.
+    /// Path of (replica r, class c): `path_of[r * CLASSES + c.index()]`
+    /// (see [`PathSink::path_index`]).
     path_of: Vec<u8>,
-    /// Rate limiter, credit gates, class arbitration and replica choice in
-    /// front of the NVMe queues.
-    qos: QueueQos<Pending>,
-    tags: Vec<TagState>,
+    /// The requests: QoS stage (rate limiter, credit gates, class
+    /// arbitration, replica choice) and the fan-out to their parts.
+    requests: Requests,
     pace_waker: Option<Waker>,
-    /// Per tag: the outcome once known (true: success).
-    results: Vec<Option<bool>>,
     wakers: Vec<Option<Waker>>,
 }
 
-/// `command` addressed to namespace `nsid` (each replica has its own).
-fn with_nsid(command: Command, nsid: u32) -> Command {
-    match command {
-        Command::Read {
-            slba, block_size, ..
-        } => Command::Read {
-            nsid,
-            slba,
-            block_size,
-        },
-        Command::Write {
-            slba,
-            block_size,
-            fua,
-            ..
-        } => Command::Write {
-            nsid,
-            slba,
-            block_size,
-            fua,
-        },
-        Command::Flush { .. } => Command::Flush { nsid },
-        Command::WriteZeroes {
-            slba,
-            blocks,
-            deallocate,
-            ..
-        } => Command::WriteZeroes {
-            nsid,
-            slba,
-            blocks,
-            deallocate,
-        },
-        Command::Raw(mut sqe) => {
-            sqe.nsid = nsid;
-            Command::Raw(sqe)
+/// The engine's paths as the requests' [`PartSink`].
+struct PathSink<'a> {
+    paths: &'a mut [Path],
+    path_of: &'a [u8],
+    volume: &'a Volume,
+    now: Instant,
+}
+
+impl PathSink<'_> {
+    /// The path replica `r`'s requests of class `class` go on.
+    fn path_index(&self, r: usize, class: NvmeClass) -> usize {
+        usize::from(self.path_of[r * CLASSES + class.index()])
+    }
+}
+
+impl PartSink for PathSink<'_> {
+    fn send(&mut self, replica: usize, class: NvmeClass, req: Request<TagBuf>) {
+        let p = self.path_index(replica, class);
+        let path = &mut self.paths[p];
+        match path.conn.as_mut() {
+            Some(c) => match c.queue.submit(self.now, req) {
+                Err(rej) => path.held.push_back(rej.request),
+                Ok(()) => wake(&mut path.tx_waker),
+            },
+            None => path.held.push_back(req),
         }
+    }
+
+    fn reset_replica(&mut self, replica: usize) {
+        let ctrl = &self.volume.replicas[replica].ctrl;
+        ctrl.report_failure(ctrl.epoch(), &nvmf_initiator::Error::QueueClosed);
     }
 }
 
@@ -224,12 +163,12 @@ impl Engine {
             Arc::clone(&volume.qos),
             qid,
             volume.priority.config.arbiter(),
-            volume.targets.len(),
+            volume.replicas.len(),
             policy,
         );
         let mut paths = Vec::new();
-        let mut path_of = vec![0u8; volume.targets.len() * 4];
-        for (r, t) in volume.targets.iter().enumerate() {
+        let mut path_of = vec![0u8; volume.replicas.len() * CLASSES];
+        for (r, t) in volume.replicas.iter().enumerate() {
             let base = paths.len();
             for &class in &t.classes {
                 paths.push(Path {
@@ -247,23 +186,30 @@ impl Engine {
                 });
             }
             for c in NvmeClass::ALL {
-                path_of[r * 4 + c.index()] = (base + usize::from(t.class_path[c.index()])) as u8;
+                path_of[r * CLASSES + c.index()] =
+                    (base + usize::from(t.class_path[c.index()])) as u8;
             }
         }
-        Self {
+        let requests = Requests::new(
+            volume.config.name.clone(),
+            volume.replicas.iter().map(|t| t.spec.nsid).collect(),
+            volume.replication.clone(),
+            Arc::clone(&stats),
             qos,
-            tags: (0..depth).map(|_| TagState::default()).collect(),
+            depth,
+        );
+        Self {
+            requests,
             pace_waker: None,
             volume,
             stats,
             paths,
             path_of,
-            results: vec![None; usize::from(depth)],
             wakers: vec![None; usize::from(depth)],
         }
     }
 
-    /// How many NVMe/TCP queues (targets x classes in use) this engine
+    /// How many NVMe/TCP queues (replicas x classes in use) this engine
     /// runs; the queue thread starts an rx and a tx task per path.
     pub fn path_count(&self) -> usize {
         self.paths.len()
@@ -280,7 +226,7 @@ impl Engine {
     fn try_connect_path(&mut self, p: usize, now: Instant) {
         let vol = Arc::clone(&self.volume);
         let r = self.paths[p].replica;
-        let target = &vol.targets[r];
+        let target = &vol.replicas[r];
         let path = &mut self.paths[p];
         if path.conn.is_some() {
             return;
@@ -328,15 +274,16 @@ impl Engine {
                 });
                 path.last_attempt = None;
                 let now = Instant::now();
+                let mut refused = Vec::new();
                 for req in held {
                     let c = self.paths[p].conn.as_mut().expect("just connected");
                     if let Err(rej) = c.queue.submit(now, req) {
                         // A fresh queue refuses only what it can never
                         // send (e.g. larger than the new limits).
-                        let tag = rej.request.user_data as usize;
-                        self.part_failed(tag, r);
+                        refused.push(rej.request);
                     }
                 }
+                self.fail_parts(refused);
                 let path = &mut self.paths[p];
                 if epoch > 0 || n > 0 {
                     log::info!(
@@ -356,124 +303,67 @@ impl Engine {
             }
         }
     }
+    /// The requests and the paths they are sent on, borrowed apart.
+    fn split(&mut self, now: Instant) -> (&mut Requests, PathSink<'_>) {
+        (
+            &mut self.requests,
+            PathSink {
+                paths: &mut self.paths,
+                path_of: &self.path_of,
+                volume: &self.volume,
+                now,
+            },
+        )
+    }
 
-    /// Queue a request for tag `tag`: `class` and `bytes` are what the
-    /// rate limiter charges, `prio` is its NVMe priority class, `write`
-    /// the volume bytes a write, discard or write-zeroes changes.
+    /// Queue a request for tag `tag` (its buffer, if data travels, is
+    /// `buf`): `kind` and `bytes` are what the rate limiter charges,
+    /// `class` its NVMe priority class, `write` the volume bytes a write,
+    /// discard or write-zeroes changes.
     #[allow(clippy::too_many_arguments)]
     pub fn submit(
         &mut self,
         tag: u16,
         command: Command,
         buf: Option<TagBuf>,
-        class: Class,
+        kind: LimitKind,
         bytes: u64,
-        prio: NvmeClass,
+        class: NvmeClass,
         write: Option<Range<u64>>,
     ) {
-        self.stats.inflight.fetch_add(1, Ordering::Relaxed);
-        let t = usize::from(tag);
-        let pending = Pending {
-            tag,
-            command,
-            buf: buf.map(|b| (b.ptr, b.len)),
-        };
-        self.tags[t] = TagState {
-            prio: Some(prio),
-            write: write.map(|r| (r, 0)),
-            ..TagState::default()
-        };
-        let now = self.qos.shared().now(Instant::now());
-        self.qos.push(now, pending, class, bytes, prio);
-        self.pump(now);
+        let at = Instant::now();
+        let now = self.requests.now(at);
+        let (req, mut sink) = self.split(at);
+        req.submit(now, tag, command, buf, kind, bytes, class, write, &mut sink);
+        self.after_requests();
     }
 
-    fn route(&self) -> Route {
-        match &self.volume.replication {
-            Some(rep) => rep.route(),
-            None => Route::SINGLE,
+    /// Wake the tasks of tags that finished, and the pacing task if the
+    /// rate limiter holds a request back.
+    fn after_requests(&mut self) {
+        for tag in self.requests.take_finished() {
+            if let Some(w) = self.wakers.get_mut(usize::from(tag)) {
+                wake(w);
+            }
         }
-    }
-
-    /// Send what the QoS stage admits now; arm the pacing timer if the
-    /// limiter holds the head back.
-    fn pump(&mut self, now: qos_core::Nanos) {
-        loop {
-            let route = self.route();
-            let Some((pending, ticket)) = self.qos.poll_admit_routed(now, route) else {
-                break;
-            };
-            self.dispatch(pending, ticket);
-        }
-        if self.qos.timer().is_some() {
+        if self.requests.timer().is_some() {
             wake(&mut self.pace_waker);
         }
     }
 
-    /// Send an admitted request to each replica of its ticket.
-    fn dispatch(&mut self, pending: Pending, ticket: Ticket) {
-        let t = usize::from(pending.tag);
-        let mask = ticket.replicas();
-        if let (Some((range, sent)), Some(rep)) =
-            (self.tags[t].write.as_mut(), &self.volume.replication)
-        {
-            *sent = mask;
-            if let Err(e) = rep.before_write(range, mask) {
-                // The intent log cannot record what a replica misses: the
-                // write must not go anywhere.
-                log::error!("{}: {e}; failing the write", self.volume.config.name);
-                self.tags[t].ticket = Some(ticket);
-                self.tags[t].failed = true;
-                let mut tk = ticket;
-                for r in bits(mask) {
-                    self.qos.release(&mut tk, r);
-                }
-                self.tags[t].ticket = Some(tk);
-                self.maybe_finish(t);
-                return;
-            }
-        }
-        self.tags[t].ticket = Some(ticket);
-        self.tags[t].pending = Some(pending.clone());
-        let now = Instant::now();
-        for r in bits(mask) {
-            self.send_part(&pending, r, now);
-        }
-    }
-
-    /// Send replica `r`'s command of `pending` on its path.
-    fn send_part(&mut self, pending: &Pending, r: usize, now: Instant) {
-        let t = usize::from(pending.tag);
-        let prio = self.tags[t].prio.unwrap_or(NvmeClass::Medium);
-        let nsid = self.volume.targets[r].spec.nsid;
-        let req = Request {
-            command: with_nsid(pending.command, nsid),
-            // SAFETY: the tag's buffer outlives the engine and is ours
-            // until the tag completes (see `TagBuf`); replicas only read
-            // it for writes, and a read has one replica.
-            buf: pending.buf.map(|(p, l)| unsafe { TagBuf::new(p, l) }),
-            user_data: u64::from(pending.tag),
-        };
-        let p = usize::from(self.path_of[r * 4 + prio.index()]);
-        self.send_on(p, now, req);
+    /// Send what the QoS stage admits now.
+    fn pump(&mut self, at: Instant) {
+        let now = self.requests.now(at);
+        let (req, mut sink) = self.split(at);
+        req.pump(now, &mut sink);
+        self.after_requests();
     }
 
     /// How long until the pacing timer should fire, if it is armed.
     fn pace_delay(&self) -> Option<Duration> {
-        let at = self.qos.timer()?;
-        let now = self.qos.shared().now(Instant::now());
+        let at = self.requests.timer()?;
+        let now = self.requests.now(Instant::now());
         Some(Duration::from_nanos(at.nanos_since(now)).min(TICK))
-    }
-
-    fn send_on(&mut self, p: usize, now: Instant, req: Request<TagBuf>) {
-        let path = &mut self.paths[p];
-        match path.conn.as_mut() {
-            Some(c) => match c.queue.submit(now, req) {
-                Err(rej) => path.held.push_back(rej.request),
-                Ok(()) => wake(&mut path.tx_waker),
-            },
-            None => path.held.push_back(req),
-        }
     }
 
     /// The outcome of tag `tag`'s request, once known and once no `Recv`
@@ -484,7 +374,7 @@ impl Engine {
             self.wakers[usize::from(tag)] = Some(cx.waker().clone());
             return Poll::Pending;
         }
-        match self.results[usize::from(tag)].take() {
+        match self.requests.take_result(tag) {
             Some(ok) => Poll::Ready(ok),
             None => {
                 self.wakers[usize::from(tag)] = Some(cx.waker().clone());
@@ -493,92 +383,12 @@ impl Engine {
         }
     }
 
-    /// Complete the tag once no part is outstanding.
-    fn maybe_finish(&mut self, tag: usize) {
-        let Some(st) = self.tags.get_mut(tag) else {
-            return;
-        };
-        if st.ticket.is_some_and(|t| t.replicas() != 0) {
-            return;
-        }
-        let ok = !st.failed;
-        let write = st.write.take();
-        *st = TagState::default();
-        if let (Some((range, mask)), Some(rep)) = (write, &self.volume.replication) {
-            rep.after_write(&range, mask);
-        }
-        self.qos.on_request_done();
-        self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
-        if !ok {
-            self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(r) = self.results.get_mut(tag) {
-            *r = Some(ok);
-        }
-        if let Some(w) = self.wakers.get_mut(tag) {
-            wake(w);
-        }
-    }
-
-    /// Replica `r`'s part of tag `tag` ended without success and without
-    /// another replica to take it: the request fails.
-    fn part_failed(&mut self, tag: usize, r: usize) {
-        if let Some(st) = self.tags.get_mut(tag) {
-            st.failed = true;
-            if let Some(mut t) = st.ticket.take() {
-                self.qos.release(&mut t, r);
-                self.tags[tag].ticket = Some(t);
-            }
-        }
-        self.maybe_finish(tag);
-    }
-
-    /// Replica `r` is out of sync and its part of `tag` will not be
-    /// answered: a write is recorded as missed on it (done by the others);
-    /// a read moves to another replica that serves reads.
-    fn part_dropped(&mut self, tag: usize, r: usize) {
-        let Some(mut ticket) = self.tags[tag].ticket.take() else {
-            return;
-        };
-        let rep = self.volume.replication.as_ref().expect("replicated");
-        if ticket.is_read() {
-            if let Some(to) = self.other_readable(r) {
-                self.qos.reroute(&mut ticket, r, to);
-                self.resend_read(tag, ticket, to);
-                return;
-            }
-            self.tags[tag].ticket = Some(ticket);
-            self.part_failed(tag, r);
-            return;
-        }
-        if let Some((range, _)) = self.tags[tag].write.clone() {
-            if let Err(e) = rep.missed(r, &range) {
-                log::error!("{}: {e}", self.volume.config.name);
-                self.tags[tag].failed = true;
-            }
-        }
-        self.qos.release(&mut ticket, r);
-        self.tags[tag].ticket = Some(ticket);
-        self.maybe_finish(tag);
-    }
-
-    /// A replica other than `r` that serves reads now, if any.
-    fn other_readable(&self, r: usize) -> Option<usize> {
-        let rep = self.volume.replication.as_ref()?;
-        bits(rep.route().readable & !(1 << r)).next()
-    }
-
-    /// Send tag `tag`'s read again, to replica `to` (already in `ticket`).
-    fn resend_read(&mut self, tag: usize, ticket: Ticket, to: usize) {
-        self.tags[tag].ticket = Some(ticket);
-        if let Some(p) = self.tags[tag].pending.clone() {
-            self.send_part(&p, to, Instant::now());
-        }
-    }
-
+    /// Hand path `p`'s completions to the requests; a failed queue ends
+    /// its connection.
     fn drain_events(&mut self, p: usize) {
-        let mut completed = false;
         let r = self.paths[p].replica;
+        let at = Instant::now();
+        let mut completed = false;
         while let Some(ev) = self.paths[p]
             .conn
             .as_mut()
@@ -587,39 +397,19 @@ impl Engine {
             match ev {
                 Event::Connected { .. } => {}
                 Event::Completed(done) => {
-                    let ok = done.status.is_success();
-                    let tag = done.user_data as usize;
-                    if !ok {
-                        log::warn!(
-                            "{}: tag {tag} (target {r}): NVMe status {:?}",
-                            self.volume.config.name,
-                            done.status
-                        );
-                    }
-                    let Some(mut ticket) = self.tags.get_mut(tag).and_then(|s| s.ticket.take())
-                    else {
-                        continue;
-                    };
-                    let now = self.qos.shared().now(Instant::now());
-                    self.qos.on_part_done(now, &mut ticket, r, done.dw1);
-                    if ticket.is_read() && ok {
-                        if let Some(c) = self.stats.replica_reads.get(r) {
-                            c.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    self.tags[tag].ticket = Some(ticket);
+                    let now = self.requests.now(at);
+                    let (req, mut sink) = self.split(at);
+                    req.on_completion(now, r, &done, &mut sink);
                     completed = true;
-                    if !ok {
-                        self.on_error_status(tag, r);
-                    }
-                    self.maybe_finish(tag);
                 }
                 Event::Failed(e) => self.on_failure(p, e),
             }
         }
-        if completed && self.qos.queued() > 0 {
-            let now = self.qos.shared().now(Instant::now());
-            self.pump(now);
+        if completed {
+            let now = self.requests.now(at);
+            let (req, mut sink) = self.split(at);
+            req.pump_if_queued(now, &mut sink);
+            self.after_requests();
         }
         // Admissions may have queued PDUs on any path.
         for path in &mut self.paths {
@@ -629,48 +419,20 @@ impl Engine {
         }
     }
 
-    /// Replica `r` answered tag `tag`'s part with an error status. With
-    /// other in-sync replicas, a read is retried on one of them, and a
-    /// failed write takes the replica out of sync (it no longer holds the
-    /// data) by resetting its controller, while the write counts as done
-    /// on the others. Otherwise the request fails.
-    fn on_error_status(&mut self, tag: usize, r: usize) {
-        let Some(rep) = &self.volume.replication else {
-            self.tags[tag].failed = true;
-            return;
-        };
-        let Some(to) = self.other_readable(r) else {
-            self.tags[tag].failed = true;
-            return;
-        };
-        if self.tags[tag].ticket.is_some_and(|t| t.is_read()) {
-            if let Some(mut t) = self.tags[tag].ticket.take() {
-                t.add_uncounted(to);
-                self.resend_read(tag, t, to);
-            }
-            return;
+    /// `held` failed for good (the reconnect policy gave up on its
+    /// controller, or a fresh queue can never send them).
+    fn fail_parts(&mut self, held: impl IntoIterator<Item = Request<TagBuf>>) {
+        let at = Instant::now();
+        let (req, mut sink) = self.split(at);
+        for r in held {
+            req.part_failed(&r, &mut sink);
         }
-        if let Some((range, _)) = self.tags[tag].write.clone() {
-            let failed = rep.path_failed(r).and_then(|_| rep.missed(r, &range));
-            if let Err(e) = failed {
-                log::error!("{}: {e}", self.volume.config.name);
-                self.tags[tag].failed = true;
-            }
-            self.volume.targets[r].ctrl.report_failure(
-                self.volume.targets[r].ctrl.epoch(),
-                &nvmf_initiator::Error::QueueClosed,
-            );
-        } else {
-            // A flush that failed on one replica: the replica cannot be
-            // trusted to hold what was written.
-            self.tags[tag].failed = true;
-        }
+        self.after_requests();
     }
 
     /// The pacing timer fired.
     fn on_pace(&mut self) {
-        let now = self.qos.shared().now(Instant::now());
-        self.pump(now);
+        self.pump(Instant::now());
     }
 
     /// Path `p`'s connection is gone: reset its controller (once, whoever
@@ -685,13 +447,15 @@ impl Engine {
             return;
         };
         log::warn!(
-            "{}: I/O queue {} ({}, target {r}) failed: {err}",
+            "{}: I/O queue {} ({}, replica {r}) failed: {err}",
             self.volume.config.name,
             c.queue.config().qid,
             class_name(path.class)
         );
         self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-        self.volume.targets[r].ctrl.report_failure(path.epoch, &err);
+        self.volume.replicas[r]
+            .ctrl
+            .report_failure(path.epoch, &err);
         c.queue.close();
         let _ = c.sock.shutdown(Shutdown::Both);
         let mut unfinished = c.queue.take_unfinished();
@@ -700,34 +464,23 @@ impl Engine {
         path.held = unfinished.into();
         // A recv still in flight on the socket returns on the shutdown.
         wake(&mut path.rx_waker);
-        if let Some(rep) = &self.volume.replication {
-            if let Err(e) = rep.path_failed(r) {
-                log::error!("{}: {e}", self.volume.config.name);
-            }
-            self.drop_if_out(p);
-        }
+        self.requests.path_failed(r);
+        self.drop_if_out(p);
     }
 
     /// If path `p`'s replica is out of sync, end what it holds (see
-    /// [`Engine::part_dropped`]).
+    /// [`Requests::drop_held_if_out`]).
     fn drop_if_out(&mut self, p: usize) {
         let r = self.paths[p].replica;
-        let out = self
-            .volume
-            .replication
-            .as_ref()
-            .is_some_and(|rep| rep.is_out(r));
-        if !out || self.paths[p].held.is_empty() {
-            return;
-        }
-        let held = std::mem::take(&mut self.paths[p].held);
-        for req in held {
-            self.part_dropped(req.user_data as usize, r);
-        }
-        if self.qos.queued() > 0 {
-            let now = self.qos.shared().now(Instant::now());
-            self.pump(now);
-        }
+        let mut held = std::mem::take(&mut self.paths[p].held);
+        let at = Instant::now();
+        let now = self.requests.now(at);
+        let (req, mut sink) = self.split(at);
+        req.drop_held_if_out(now, r, &mut held, &mut sink);
+        // Whatever the requests sent here meanwhile waits behind.
+        held.extend(self.paths[p].held.drain(..));
+        self.paths[p].held = held;
+        self.after_requests();
     }
 
     /// Housekeeping, every [`TICK`]: timeouts, controller resets, reconnect,
@@ -735,7 +488,8 @@ impl Engine {
     pub fn tick(&mut self, now: Instant) {
         let vol = Arc::clone(&self.volume);
         for p in 0..self.paths.len() {
-            let ctrl = &vol.targets[self.paths[p].replica].ctrl;
+            let r = self.paths[p].replica;
+            let ctrl = &vol.replicas[r].ctrl;
             if let Some(c) = self.paths[p].conn.as_mut() {
                 if c.queue.poll_timeout().is_some_and(|t| t <= now) {
                     c.queue.handle_timeout(now);
@@ -749,16 +503,14 @@ impl Engine {
                 self.on_failure(p, nvmf_initiator::Error::QueueClosed);
             }
             if self.paths[p].conn.is_none() {
-                if let Some(rep) = &vol.replication {
-                    let r = self.paths[p].replica;
+                if vol.replication.is_some() {
                     // Requests wait on a path whose controller is down
                     // (it never connected, or was reset while idle): the
                     // replica has failed for them, as if the connection
                     // had broken under them.
-                    if !ctrl.is_live() && !self.paths[p].held.is_empty() && !rep.is_out(r) {
-                        if let Err(e) = rep.path_failed(r) {
-                            log::error!("{}: {e}", vol.config.name);
-                        }
+                    if !ctrl.is_live() && !self.paths[p].held.is_empty() && !self.requests.is_out(r)
+                    {
+                        self.requests.path_failed(r);
                     }
                     self.drop_if_out(p);
                 }
@@ -767,19 +519,15 @@ impl Engine {
                     if !held.is_empty() {
                         log::error!("{}: failing {} requests: {e}", vol.config.name, held.len());
                     }
-                    let r = self.paths[p].replica;
-                    for req in held {
-                        self.part_failed(req.user_data as usize, r);
-                    }
+                    self.fail_parts(held);
                 }
                 self.try_connect_path(p, now);
             }
         }
         // Settings changed at run time (credit mode, limits) and replicas
         // coming back reach a queue that is otherwise idle.
-        if self.qos.queued() > 0 {
-            let qnow = self.qos.shared().now(now);
-            self.pump(qnow);
+        if self.requests.qos().queued() > 0 {
+            self.pump(now);
         }
     }
 
@@ -804,7 +552,7 @@ impl Engine {
             .conn
             .as_mut()
             .filter(|c| c.generation == generation)?;
-        let tag = u16::try_from(c.queue.rx_direct_user_data()?).ok()?;
+        let tag = PartId::from_user_data(c.queue.rx_direct_user_data()?)?.tag;
         let place = c
             .queue
             .rx_direct()

@@ -303,7 +303,10 @@ impl FanOut {
         st.pieces.clear();
         self.active += 1;
         for (i, spec) in pieces.iter().enumerate() {
-            debug_assert!(op != Op::Read || spec.copies.len() == 1, "a read has one copy");
+            debug_assert!(
+                op != Op::Read || spec.copies.len() == 1,
+                "a read has one copy"
+            );
             let piece = i as u8;
             let preparing = op == Op::Write;
             self.tags[t].pieces.push(Piece {

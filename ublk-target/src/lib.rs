@@ -26,6 +26,7 @@ pub mod priority;
 pub mod qos;
 pub mod replicas;
 pub mod replication;
+pub mod requests;
 pub mod resync;
 pub mod state;
 pub mod ublk;

@@ -50,7 +50,8 @@ use qos_core::credit_gate::{CreditGate, CreditGateConfig, CreditMode, WindowSour
 use qos_core::priority::NvmeClass;
 use qos_core::rate_limiter::{RateLimiter, RateLimits};
 use qos_core::replica::{ReplicaPolicy, ReplicaSelector};
-use qos_core::{IoKind, Nanos};
+use qos_core::replica_set::MAX_REPLICAS;
+use qos_core::{IoKind, Nanos, ReplicaSet};
 use serde::{Deserialize, Serialize};
 
 /// A volume's QoS settings (`[qos]` in its config).
@@ -422,15 +423,36 @@ impl VolumeQos {
     }
 }
 
-/// What a request is to the limiter.
+/// What a request is to the rate limiter: which budget it is charged to
+/// (not its NVMe priority class, [`NvmeClass`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub enum LimitKind {
     /// A read of `bytes`.
     Read,
     /// A write of `bytes`.
     Write,
     /// Flush, discard, write-zeroes: not rate-limited, but take a credit.
     Other,
+}
+
+impl LimitKind {
+    /// What the limiter charges, if anything.
+    fn io_kind(self) -> Option<IoKind> {
+        match self {
+            LimitKind::Read => Some(IoKind::Read),
+            LimitKind::Write => Some(IoKind::Write),
+            LimitKind::Other => None,
+        }
+    }
+}
+
+/// Why the staged request cannot go now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// The rate limiter: not before `until`.
+    Limiter { until: Nanos },
+    /// No room in a gate it needs: wait for a completion.
+    Credit,
 }
 
 /// Handed out with an admitted request, handed back (per replica) on its
@@ -442,16 +464,16 @@ pub struct Ticket {
     bytes: u64,
     /// Whether it is a read (one replica) or goes to every writable one.
     read: bool,
-    /// Bit r: sent to replica r.
-    replicas: u32,
-    /// Bit r: sent to replica r without taking its credit (a read moved
+    /// The replicas it was sent to (and not yet ended on).
+    replicas: ReplicaSet,
+    /// Those it was sent to without taking their credit (a read moved
     /// there after its first replica failed).
-    uncounted: u32,
+    uncounted: ReplicaSet,
 }
 
 impl Ticket {
-    /// The replicas it was sent to, as a bit mask.
-    pub fn replicas(&self) -> u32 {
+    /// The replicas it was sent to and whose parts have not ended.
+    pub fn replicas(&self) -> ReplicaSet {
         self.replicas
     }
 
@@ -463,44 +485,32 @@ impl Ticket {
     /// Also sent to replica `r`, without its credit (a read retried there
     /// after an error status on another replica).
     pub fn add_uncounted(&mut self, r: usize) {
-        self.replicas |= 1 << r;
-        self.uncounted |= 1 << r;
+        self.replicas.insert(r);
+        self.uncounted.insert(r);
     }
 }
 
-/// Where requests may go: bit r of `writable` (`readable`) set when
-/// replica r takes writes (serves reads). A one-target volume is
-/// [`Route::SINGLE`].
+/// Where requests may go: the replicas that take writes and those that
+/// serve reads. A one-target volume is [`Route::SINGLE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
     /// Replicas that take writes, flushes, discards.
-    pub writable: u32,
+    pub writable: ReplicaSet,
     /// Replicas that may serve reads.
-    pub readable: u32,
+    pub readable: ReplicaSet,
 }
 
 impl Route {
     /// One replica, healthy.
     pub const SINGLE: Route = Route {
-        writable: 1,
-        readable: 1,
+        writable: ReplicaSet::FIRST,
+        readable: ReplicaSet::FIRST,
     };
-}
-
-/// The set bits of `mask`, lowest first.
-pub fn bits(mut mask: u32) -> impl Iterator<Item = usize> {
-    std::iter::from_fn(move || {
-        (mask != 0).then(|| {
-            let r = mask.trailing_zeros() as usize;
-            mask &= mask - 1;
-            r
-        })
-    })
 }
 
 struct Waiting<T> {
     item: T,
-    class: Class,
+    kind: LimitKind,
     prio: NvmeClass,
     bytes: u64,
     since: Nanos,
@@ -535,7 +545,7 @@ impl<T> QueueQos<T> {
     }
 
     /// The stage of queue `qid` of a volume of `replicas` replicas (at
-    /// most 32), reads chosen by `policy`.
+    /// most [`MAX_REPLICAS`]), reads chosen by `policy`.
     pub fn replicated(
         shared: Arc<VolumeQos>,
         qid: u16,
@@ -549,7 +559,7 @@ impl<T> QueueQos<T> {
                 CreditGate::new(&CreditGateConfig::default()).expect("default config is valid")
             })
         };
-        let replicas = replicas.clamp(1, 32);
+        let replicas = replicas.clamp(1, MAX_REPLICAS);
         let version = shared.version.load(Ordering::Acquire);
         Self {
             shared,
@@ -603,12 +613,12 @@ impl<T> QueueQos<T> {
 
     /// The replica for the next read among `readable`: the selector's
     /// choice among those with room (least-loaded also weighs headroom).
-    fn pick_read(&mut self, readable: u32) -> Option<usize> {
+    fn pick_read(&mut self, readable: ReplicaSet) -> Option<usize> {
         if self.gates.len() == 1 {
             return self.has_room(0).then_some(0);
         }
         for r in 0..self.gates.len() {
-            let ok = readable & (1 << r) != 0 && self.has_room(r);
+            let ok = readable.contains(r) && self.has_room(r);
             let _ = self.selector.set_in_sync(r, ok);
             let g = &self.gates[r];
             let _ = self.selector.set_window(r, self.share(g.window()));
@@ -622,11 +632,12 @@ impl<T> QueueQos<T> {
         self.timer
     }
 
-    /// Queue a request of NVMe class `prio`.
-    pub fn push(&mut self, now: Nanos, item: T, class: Class, bytes: u64, prio: NvmeClass) {
+    /// Queue a request of NVMe class `prio`, charged to the limiter as
+    /// `kind`.
+    pub fn push(&mut self, now: Nanos, item: T, kind: LimitKind, bytes: u64, prio: NvmeClass) {
         let w = Waiting {
             item,
-            class,
+            kind,
             prio,
             bytes,
             since: now,
@@ -657,102 +668,39 @@ impl<T> QueueQos<T> {
     /// to a writable one (held there until its path returns).
     pub fn poll_admit_routed(&mut self, now: Nanos, route: Route) -> Option<(T, Ticket)> {
         self.timer = None;
-        let version = self.shared.version.load(Ordering::Acquire);
-        if version != self.version {
-            self.version = version;
-            let mode = mode_from_code(self.shared.mode.load(Ordering::Acquire));
-            for g in &mut self.gates {
-                g.set_mode(mode);
-            }
-        }
+        self.follow_mode_change();
         if self.staged.is_none() {
             self.staged = self.waiting.dequeue(now).map(|a| a.payload);
         }
-        let head = self.staged.as_mut()?;
-        let kind = match head.class {
-            Class::Read => Some(IoKind::Read),
-            Class::Write => Some(IoKind::Write),
-            Class::Other => None,
-        };
-        if !head.paid {
-            if let Some(kind) = kind.filter(|_| self.shared.limited.load(Ordering::Acquire)) {
-                let r = self
-                    .shared
-                    .limiter
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .try_acquire(now, kind, head.bytes);
-                if let Err(at) = r {
-                    self.timer = Some(at);
-                    self.shared
-                        .stats
-                        .limiter_delays
-                        .fetch_add(1, Ordering::Relaxed);
-                    return None;
+        let mut w = self.staged.take()?;
+        let targets = match self.decide(&mut w, now, route) {
+            Ok(targets) => targets,
+            Err(held) => {
+                self.staged = Some(w);
+                if let Held::Limiter { until } = held {
+                    self.timer = Some(until);
                 }
+                self.record_held(held);
+                return None;
             }
-            head.paid = true;
-        }
-        let read = head.class == Class::Read;
-        let n = self.gates.len();
-        let all = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
-        let targets = if read {
-            let readable = match route.readable & all {
-                0 => route.writable & all,
-                m => m,
-            };
-            self.pick_read(readable).map(|r| 1u32 << r)
-        } else {
-            let w = route.writable & all;
-            bits(w).all(|r| self.has_room(r)).then_some(w)
-        };
-        let Some(targets) = targets.filter(|t| *t != 0) else {
-            if !self.credit_blocked {
-                self.credit_blocked = true;
-                self.shared
-                    .stats
-                    .credit_waits
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            return None;
         };
         self.credit_blocked = false;
-        let s = &self.shared.stats;
-        for r in bits(targets) {
-            if let Some(c) = s.replica_in_flight.get(r) {
-                c.fetch_add(1, Ordering::Relaxed);
-            }
-            if !self.gates[r].try_acquire() {
-                // Unreachable: has_room checked the same window. Count it
-                // rather than lose track of what is in flight.
-                s.over_credit.fetch_add(1, Ordering::Relaxed);
-            }
+        let read = w.kind == LimitKind::Read;
+        for r in targets {
+            let acquired = self.gates[r].try_acquire();
+            // Cannot fail: `decide` chose only replicas whose gate has
+            // room (`has_room`: nothing in flight, or fewer than this
+            // queue's share of the window; a read's replica comes from the
+            // selector, which picks only among those marked with room),
+            // the share never exceeds the window `try_acquire` checks, and
+            // no gate has changed since (each replica is once in the set).
+            debug_assert!(acquired, "replica {r}: gate full after has_room");
             if read {
                 let _ = self.selector.on_dispatch(r);
             }
         }
-        let first = bits(targets).next().unwrap_or(0);
-        let (window, source) = self.gates[first].window();
-        let share = self.share((window, source));
-        let w = self.staged.take()?;
-        s.class_queued[w.prio.index()].fetch_sub(1, Ordering::Relaxed);
-        s.class_admitted[w.prio.index()].fetch_add(1, Ordering::Relaxed);
-        let after = u64::from(self.gates[first].in_flight());
-        if after > u64::from(share.max(1)) {
-            s.over_credit.fetch_add(1, Ordering::Relaxed);
-        }
-        s.queued.fetch_sub(1, Ordering::Relaxed);
-        s.in_flight.fetch_add(1, Ordering::Relaxed);
-        s.in_flight_max.fetch_max(after, Ordering::Relaxed);
-        s.admitted.fetch_add(1, Ordering::Relaxed);
-        let waited = now.nanos_since(w.since);
-        if waited > 0 {
-            s.waited.fetch_add(1, Ordering::Relaxed);
-            s.wait_ns_total.fetch_add(waited, Ordering::Relaxed);
-            s.wait_ns_max.fetch_max(waited, Ordering::Relaxed);
-        }
-        s.window.store(window, Ordering::Relaxed);
-        s.source.store(source_code(source), Ordering::Relaxed);
+        self.record_admission(now, &w, targets);
+        let kind = w.kind.io_kind();
         Some((
             w.item,
             Ticket {
@@ -761,9 +709,106 @@ impl<T> QueueQos<T> {
                 bytes: if kind.is_some() { w.bytes } else { 0 },
                 read,
                 replicas: targets,
-                uncounted: 0,
+                uncounted: ReplicaSet::EMPTY,
             },
         ))
+    }
+
+    /// A `set` or `reload` changed the credit mode: apply it to the gates.
+    fn follow_mode_change(&mut self) {
+        let version = self.shared.version.load(Ordering::Acquire);
+        if version != self.version {
+            self.version = version;
+            let mode = mode_from_code(self.shared.mode.load(Ordering::Acquire));
+            for g in &mut self.gates {
+                g.set_mode(mode);
+            }
+        }
+    }
+
+    /// Whether the staged request `head` may go now, and to which
+    /// replicas: its limiter token (taken once, then `paid`), then room in
+    /// the gate of one readable replica (a read; a writable one when none
+    /// is readable) or of every writable one (anything else).
+    fn decide(
+        &mut self,
+        head: &mut Waiting<T>,
+        now: Nanos,
+        route: Route,
+    ) -> Result<ReplicaSet, Held> {
+        if !head.paid {
+            let kind = head.kind.io_kind();
+            if let Some(kind) = kind.filter(|_| self.shared.limited.load(Ordering::Acquire)) {
+                self.shared
+                    .limiter
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .try_acquire(now, kind, head.bytes)
+                    .map_err(|until| Held::Limiter { until })?;
+            }
+            head.paid = true;
+        }
+        let all = ReplicaSet::first_n(self.gates.len());
+        let targets = if head.kind == LimitKind::Read {
+            let mut readable = route.readable.intersection(all);
+            if readable.is_empty() {
+                readable = route.writable.intersection(all);
+            }
+            self.pick_read(readable).map(ReplicaSet::one)
+        } else {
+            let w = route.writable.intersection(all);
+            w.iter().all(|r| self.has_room(r)).then_some(w)
+        };
+        targets.filter(|t| !t.is_empty()).ok_or(Held::Credit)
+    }
+
+    /// Counts a staged request held back.
+    fn record_held(&mut self, held: Held) {
+        let s = &self.shared.stats;
+        match held {
+            Held::Limiter { .. } => {
+                s.limiter_delays.fetch_add(1, Ordering::Relaxed);
+            }
+            // Counted once per wait, not once per poll.
+            Held::Credit if !self.credit_blocked => {
+                self.credit_blocked = true;
+                s.credit_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            Held::Credit => {}
+        }
+    }
+
+    /// Counts `w` admitted to `targets` (its credits already taken).
+    fn record_admission(&self, now: Nanos, w: &Waiting<T>, targets: ReplicaSet) {
+        let s = &self.shared.stats;
+        for r in targets {
+            if let Some(c) = s.replica_in_flight.get(r) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        s.class_queued[w.prio.index()].fetch_sub(1, Ordering::Relaxed);
+        s.class_admitted[w.prio.index()].fetch_add(1, Ordering::Relaxed);
+        s.queued.fetch_sub(1, Ordering::Relaxed);
+        s.in_flight.fetch_add(1, Ordering::Relaxed);
+        s.admitted.fetch_add(1, Ordering::Relaxed);
+        // The gate's invariant, checked independently of `has_room`: the
+        // first replica's in flight stays within this queue's share.
+        let first = targets.first().unwrap_or(0);
+        let (window, source) = self.gates[first].window();
+        let share = self.share((window, source));
+        let after = u64::from(self.gates[first].in_flight());
+        if after > u64::from(share.max(1)) {
+            s.over_credit.fetch_add(1, Ordering::Relaxed);
+        }
+        s.in_flight_max.fetch_max(after, Ordering::Relaxed);
+        let waited = now.nanos_since(w.since);
+        if waited > 0 {
+            s.waited.fetch_add(1, Ordering::Relaxed);
+            s.wait_ns_total.fetch_add(waited, Ordering::Relaxed);
+            s.wait_ns_max.fetch_max(waited, Ordering::Relaxed);
+        }
+        s.window.store(window, Ordering::Relaxed);
+        s.source.store(source_code(source), Ordering::Relaxed);
     }
 
     /// Replica `from`'s path failed under a read: move it to replica `to`
@@ -771,19 +816,16 @@ impl<T> QueueQos<T> {
     /// one, since it must not wait behind newer requests).
     pub fn reroute(&mut self, ticket: &mut Ticket, from: usize, to: usize) {
         self.release(ticket, from);
-        ticket.replicas |= 1 << to;
-        ticket.uncounted |= 1 << to;
+        ticket.add_uncounted(to);
     }
 
     /// Replica `r`'s part of `ticket` ended without a completion (its path
     /// failed, the part is dropped): give its credit back.
     pub fn release(&mut self, ticket: &mut Ticket, r: usize) {
-        if ticket.replicas & (1 << r) == 0 {
+        if !ticket.replicas.remove(r) {
             return;
         }
-        ticket.replicas &= !(1 << r);
-        if ticket.uncounted & (1 << r) != 0 {
-            ticket.uncounted &= !(1 << r);
+        if ticket.uncounted.remove(r) {
             return;
         }
         if let Some(c) = self.shared.stats.replica_in_flight.get(r) {
@@ -800,13 +842,13 @@ impl<T> QueueQos<T> {
     /// Replica `r`'s part of `ticket` completed with dword 1 `dw1`.
     /// Returns whether parts remain outstanding on other replicas.
     pub fn on_part_done(&mut self, now: Nanos, ticket: &mut Ticket, r: usize, dw1: u32) -> bool {
-        if ticket.replicas & (1 << r) == 0 {
-            return ticket.replicas != 0;
+        if !ticket.replicas.remove(r) {
+            return !ticket.replicas.is_empty();
         }
-        ticket.replicas &= !(1 << r);
-        if ticket.uncounted & (1 << r) != 0 {
-            ticket.uncounted &= !(1 << r);
-        } else if let Some(g) = self.gates.get_mut(r) {
+        // A part sent without a credit gives none back and says nothing
+        // of the replica's load.
+        let counted = !ticket.uncounted.remove(r);
+        if let Some(g) = self.gates.get_mut(r).filter(|_| counted) {
             let latency = now.nanos_since(ticket.sent_at);
             g.on_completion(now, ticket.kind, ticket.bytes, latency, Some(dw1));
             if ticket.read {
@@ -830,7 +872,7 @@ impl<T> QueueQos<T> {
             s.window.store(window, Ordering::Relaxed);
             s.source.store(source_code(source), Ordering::Relaxed);
         }
-        ticket.replicas != 0
+        !ticket.replicas.is_empty()
     }
 
     /// Every part of `ticket` has ended: the request leaves the stage.
@@ -846,7 +888,7 @@ impl<T> QueueQos<T> {
     /// part with [`QueueQos::on_part_done`] / [`QueueQos::release`], then
     /// [`QueueQos::on_request_done`].)
     pub fn on_done(&mut self, now: Nanos, mut ticket: Ticket, dw1: Option<u32>) {
-        for r in bits(ticket.replicas) {
+        for r in ticket.replicas {
             match dw1 {
                 Some(dw1) => {
                     self.on_part_done(now, &mut ticket, r, dw1);
@@ -899,7 +941,7 @@ mod tests {
         let mut q = stage(cfg, 1, 0);
         let now = Nanos(1_000);
         for i in 0..20 {
-            q.push(now, i, Class::Read, 4096, NvmeClass::Medium);
+            q.push(now, i, LimitKind::Read, 4096, NvmeClass::Medium);
         }
         // Initial window (8) until the target reports.
         let first = drain(&mut q, now);
@@ -960,9 +1002,9 @@ mod tests {
         let dw1 = encode_credit_dw1(1);
         for i in 0..400u32 {
             let (c, b, p) = if i % 2 == 0 {
-                (Class::Read, 4096, NvmeClass::High)
+                (LimitKind::Read, 4096, NvmeClass::High)
             } else {
-                (Class::Read, 65536, NvmeClass::Low)
+                (LimitKind::Read, 65536, NvmeClass::Low)
             };
             q.push(Nanos(0), i, c, b, p);
         }
@@ -998,10 +1040,10 @@ mod tests {
             ..ArbiterConfig::default()
         };
         let mut q = QueueQos::new(Arc::new(VolumeQos::new(&cfg, 1)), 0, arb);
-        q.push(Nanos(0), 0, Class::Read, 4096, NvmeClass::High);
-        q.push(Nanos(0), 1, Class::Read, 4096, NvmeClass::Low);
+        q.push(Nanos(0), 0, LimitKind::Read, 4096, NvmeClass::High);
+        q.push(Nanos(0), 1, LimitKind::Read, 4096, NvmeClass::Low);
         for i in 2..100 {
-            q.push(Nanos(0), i, Class::Read, 4096, NvmeClass::High);
+            q.push(Nanos(0), i, LimitKind::Read, 4096, NvmeClass::High);
         }
         let (first, t) = q.poll_admit(Nanos(1)).unwrap();
         assert_eq!(first, 0);
@@ -1016,7 +1058,7 @@ mod tests {
     /// replica's dropped part gives its credit back; a read moved to
     /// another replica takes no credit there.
     #[test]
-    fn replicated_routing_follows_the_masks_and_the_gates() {
+    fn replicated_routing_follows_the_routes_and_the_gates() {
         let cfg = QosConfig {
             credits: CreditMode::Target,
             initial_window: 1,
@@ -1030,59 +1072,63 @@ mod tests {
             ReplicaPolicy::RoundRobin,
         );
         let both = Route {
-            writable: 0b11,
-            readable: 0b11,
+            writable: ReplicaSet::first_n(2),
+            readable: ReplicaSet::first_n(2),
         };
         let now = Nanos(1);
-        q.push(now, 1, Class::Read, 4096, NvmeClass::Medium);
-        q.push(now, 2, Class::Read, 4096, NvmeClass::Medium);
+        q.push(now, 1, LimitKind::Read, 4096, NvmeClass::Medium);
+        q.push(now, 2, LimitKind::Read, 4096, NvmeClass::Medium);
         let (a, ta) = q.poll_admit_routed(now, both).unwrap();
         let (b, tb) = q.poll_admit_routed(now, both).unwrap();
         assert_eq!((a, b), (1, 2));
         assert!(ta.is_read() && tb.is_read());
-        assert_eq!(ta.replicas().count_ones(), 1);
+        assert_eq!(ta.replicas().len(), 1);
         assert_eq!(
-            ta.replicas() | tb.replicas(),
-            0b11,
+            ta.replicas().union(tb.replicas()),
+            ReplicaSet::first_n(2),
             "round robin spreads reads"
         );
         // Window 1 on each replica, both busy: a write must wait for both.
-        q.push(now, 3, Class::Write, 4096, NvmeClass::Medium);
+        q.push(now, 3, LimitKind::Write, 4096, NvmeClass::Medium);
         assert!(q.poll_admit_routed(now, both).is_none());
         let mut ta = ta;
-        let ra = bits(ta.replicas()).next().unwrap();
+        let ra = ta.replicas().first().unwrap();
         q.on_part_done(now, &mut ta, ra, 0);
         assert!(
             q.poll_admit_routed(now, both).is_none(),
             "one replica is still full"
         );
         let mut tb = tb;
-        let rb = bits(tb.replicas()).next().unwrap();
+        let rb = tb.replicas().first().unwrap();
         // The other replica's path failed: its part is dropped, its credit
         // comes back.
         q.release(&mut tb, rb);
-        assert_eq!(tb.replicas(), 0);
+        assert_eq!(tb.replicas(), ReplicaSet::EMPTY);
         let (w, mut tw) = q.poll_admit_routed(now, both).unwrap();
         assert_eq!(w, 3);
-        assert_eq!(tw.replicas(), 0b11, "writes go to every writable replica");
+        assert_eq!(
+            tw.replicas(),
+            ReplicaSet::first_n(2),
+            "writes go to every writable replica"
+        );
         assert!(q.on_part_done(now, &mut tw, 0, 0), "replica 1 still out");
         assert!(!q.on_part_done(now, &mut tw, 1, 0));
         // Degraded: replica 1 out; reads and writes only to replica 0.
         let degraded = Route {
-            writable: 0b01,
-            readable: 0b01,
+            writable: ReplicaSet::one(0),
+            readable: ReplicaSet::one(0),
         };
-        q.push(now, 4, Class::Write, 4096, NvmeClass::Medium);
+        q.push(now, 4, LimitKind::Write, 4096, NvmeClass::Medium);
         let (_, t4) = q.poll_admit_routed(now, degraded).unwrap();
-        assert_eq!(t4.replicas(), 0b01);
+        assert_eq!(t4.replicas(), ReplicaSet::one(0));
         // A read whose replica failed moves without taking a credit.
-        q.push(now, 5, Class::Read, 4096, NvmeClass::Medium);
+        q.push(now, 5, LimitKind::Read, 4096, NvmeClass::Medium);
         let mut t4 = t4;
         q.on_part_done(now, &mut t4, 0, 0);
         let (_, mut t5) = q.poll_admit_routed(now, both).unwrap();
-        let from = bits(t5.replicas()).next().unwrap();
+        let from = t5.replicas().first().unwrap();
         q.reroute(&mut t5, from, 1 - from);
-        assert_eq!(t5.replicas(), 1 << (1 - from));
+        assert_eq!(t5.replicas(), ReplicaSet::one(1 - from));
         assert!(!q.on_part_done(now, &mut t5, 1 - from, 0));
         assert_eq!(q.in_flight(), 0, "every credit came back");
     }
@@ -1094,11 +1140,11 @@ mod tests {
             ..QosConfig::new()
         };
         let mut q = stage(cfg, 1, 0);
-        q.push(Nanos(0), 1, Class::Write, 4096, NvmeClass::Medium);
+        q.push(Nanos(0), 1, LimitKind::Write, 4096, NvmeClass::Medium);
         let (_, t) = q.poll_admit(Nanos(0)).unwrap();
         q.on_done(Nanos(10), t, Some(encode_credit_dw1(0)));
-        q.push(Nanos(10), 2, Class::Write, 4096, NvmeClass::Medium);
-        q.push(Nanos(10), 3, Class::Write, 4096, NvmeClass::Medium);
+        q.push(Nanos(10), 2, LimitKind::Write, 4096, NvmeClass::Medium);
+        q.push(Nanos(10), 3, LimitKind::Write, 4096, NvmeClass::Medium);
         let (i, t) = q.poll_admit(Nanos(10)).unwrap();
         assert_eq!(i, 2);
         assert!(q.poll_admit(Nanos(10)).is_none());
@@ -1128,7 +1174,7 @@ mod tests {
             q.push(
                 Nanos(i * 1000),
                 i as u32,
-                Class::Read,
+                LimitKind::Read,
                 4096,
                 NvmeClass::Medium,
             );
@@ -1156,10 +1202,10 @@ mod tests {
         };
         let mut q = stage(cfg, 1, 0);
         for i in 0..10 {
-            q.push(Nanos(0), i, Class::Read, 4096, NvmeClass::Medium);
+            q.push(Nanos(0), i, LimitKind::Read, 4096, NvmeClass::Medium);
         }
         // Flushes queued behind are not overtaking reads.
-        q.push(Nanos(0), 99, Class::Other, 0, NvmeClass::Medium);
+        q.push(Nanos(0), 99, LimitKind::Other, 0, NvmeClass::Medium);
         let mut now = Nanos(0);
         let mut got = Vec::new();
         let mut wakeups = 0;
@@ -1194,7 +1240,7 @@ mod tests {
         };
         let mut q = stage(cfg, 1, 0);
         for i in 0..5 {
-            q.push(Nanos(0), i, Class::Read, 4096, NvmeClass::Medium);
+            q.push(Nanos(0), i, LimitKind::Read, 4096, NvmeClass::Medium);
         }
         assert_eq!(drain(&mut q, Nanos(0)).len(), 1);
         assert_eq!(q.timer(), Some(Nanos::from_millis(100)));
@@ -1211,7 +1257,7 @@ mod tests {
         let off = apply_settings(&q.shared().settings(), &["credits=off"]).unwrap();
         q.shared().apply(Nanos(0), &off);
         for i in 0..2000 {
-            q.push(Nanos(0), i, Class::Read, 4096, NvmeClass::Medium);
+            q.push(Nanos(0), i, LimitKind::Read, 4096, NvmeClass::Medium);
         }
         assert_eq!(drain(&mut q, Nanos(0)).len(), 2000);
         assert_eq!(q.shared().snapshot().window_source, "unlimited");

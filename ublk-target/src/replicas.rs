@@ -1,6 +1,6 @@
-//! The replica set of a replicated volume as a pure state machine: which
-//! replicas take writes, which serve reads, when a failed one may be
-//! reconnected. The caller passes `now` and path events; nothing here
+//! The health of a replicated volume's replicas as a pure state machine
+//! ([`ReplicaHealth`]): which replicas take writes, which serve reads,
+//! when a failed one may be reconnected. The caller passes `now` and path events; nothing here
 //! reads a clock or does I/O.
 //!
 //! ```text
@@ -30,7 +30,7 @@
 //! unknown: each may have landed, may never land, or may still sit at the
 //! target (in its socket buffers, its queues, its backend) and land later.
 //! If it landed *after* a newer write to the same blocks, the replica
-//! would silently hold stale data. The replica set prevents that with
+//! would silently hold stale data. [`ReplicaHealth`] prevents that with
 //! three rules:
 //!
 //! 1. The engine records the regions of those writes as missed (the
@@ -144,9 +144,9 @@ pub enum Reconnected {
     Resume,
 }
 
-/// Errors of the replica set.
+/// Errors of [`ReplicaHealth`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReplicaSetError {
+pub enum ReplicaHealthError {
     /// No such replica.
     #[error("no replica {0}")]
     Unknown(usize),
@@ -188,14 +188,14 @@ struct Replica {
     fence_until: Nanos,
 }
 
-/// The replica set (see the module docs).
+/// The health state of each replica of a volume (see the module docs).
 #[derive(Debug, Clone)]
-pub struct ReplicaSet {
+pub struct ReplicaHealth {
     replicas: Vec<Replica>,
     fence: FenceTimes,
 }
 
-impl ReplicaSet {
+impl ReplicaHealth {
     /// A set starting from the intent log's record (`in_sync[i]`). A
     /// replica recorded out of sync starts `Fencing` from `now` unless the
     /// previous run shut down cleanly: a crashed predecessor may have left
@@ -226,7 +226,7 @@ impl ReplicaSet {
                 }
             })
             .collect();
-        ReplicaSet { replicas, fence }
+        ReplicaHealth { replicas, fence }
     }
 
     /// Replicas, by index.
@@ -234,7 +234,7 @@ impl ReplicaSet {
         self.replicas.len()
     }
 
-    /// Whether the set is empty.
+    /// Whether there is no replica.
     pub fn is_empty(&self) -> bool {
         self.replicas.is_empty()
     }
@@ -244,12 +244,12 @@ impl ReplicaSet {
         self.fence
     }
 
-    fn get(&self, r: usize) -> Result<&Replica, ReplicaSetError> {
-        self.replicas.get(r).ok_or(ReplicaSetError::Unknown(r))
+    fn get(&self, r: usize) -> Result<&Replica, ReplicaHealthError> {
+        self.replicas.get(r).ok_or(ReplicaHealthError::Unknown(r))
     }
 
     /// The state of replica `r`.
-    pub fn state(&self, r: usize) -> Result<ReplicaState, ReplicaSetError> {
+    pub fn state(&self, r: usize) -> Result<ReplicaState, ReplicaHealthError> {
         Ok(self.get(r)?.state)
     }
 
@@ -278,13 +278,13 @@ impl ReplicaSet {
         r: usize,
         now: Nanos,
         last_command_at: Option<Nanos>,
-    ) -> Result<FailOutcome, ReplicaSetError> {
+    ) -> Result<FailOutcome, ReplicaHealthError> {
         let in_sync = self.in_sync_count();
         let fence = self.fence;
         let rep = self
             .replicas
             .get_mut(r)
-            .ok_or(ReplicaSetError::Unknown(r))?;
+            .ok_or(ReplicaHealthError::Unknown(r))?;
         if let Some(t) = last_command_at {
             rep.fence_until = rep.fence_until.max(fence.fence_until(t));
         }
@@ -328,13 +328,13 @@ impl ReplicaSet {
         &mut self,
         r: usize,
         now: Nanos,
-    ) -> Result<Reconnected, ReplicaSetError> {
+    ) -> Result<Reconnected, ReplicaHealthError> {
         let rep = self
             .replicas
             .get_mut(r)
-            .ok_or(ReplicaSetError::Unknown(r))?;
+            .ok_or(ReplicaHealthError::Unknown(r))?;
         if now < rep.fence_until {
-            return Err(ReplicaSetError::BeforeFence {
+            return Err(ReplicaHealthError::BeforeFence {
                 replica: r,
                 early_ns: rep.fence_until.nanos_since(now),
             });
@@ -349,7 +349,7 @@ impl ReplicaSet {
                 rep.path_up = true;
                 Ok(Reconnected::Resume)
             }
-            state => Err(ReplicaSetError::Unexpected {
+            state => Err(ReplicaHealthError::Unexpected {
                 replica: r,
                 event: "path reconnected",
                 state,
@@ -359,17 +359,17 @@ impl ReplicaSet {
 
     /// Replica `r`'s resync finished (every region clean, the clears and
     /// its in-sync state recorded): it serves reads again.
-    pub fn on_resync_done(&mut self, r: usize) -> Result<(), ReplicaSetError> {
+    pub fn on_resync_done(&mut self, r: usize) -> Result<(), ReplicaHealthError> {
         let rep = self
             .replicas
             .get_mut(r)
-            .ok_or(ReplicaSetError::Unknown(r))?;
+            .ok_or(ReplicaHealthError::Unknown(r))?;
         match rep.state {
             ReplicaState::Resyncing { .. } => {
                 rep.state = ReplicaState::InSync;
                 Ok(())
             }
-            state => Err(ReplicaSetError::Unexpected {
+            state => Err(ReplicaHealthError::Unexpected {
                 replica: r,
                 event: "resync done",
                 state,
@@ -413,11 +413,11 @@ impl ReplicaSet {
 
     /// `Ok` while some replica is `InSync` (I/O may be served, or held for
     /// its reconnect); otherwise the error to fail I/O with.
-    pub fn check_io(&self) -> Result<(), ReplicaSetError> {
+    pub fn check_io(&self) -> Result<(), ReplicaHealthError> {
         if self.in_sync_count() > 0 {
             Ok(())
         } else {
-            Err(ReplicaSetError::NoneInSync)
+            Err(ReplicaHealthError::NoneInSync)
         }
     }
 
@@ -529,7 +529,7 @@ mod tests {
 
     #[test]
     fn fail_fence_reconnect_resync_rejoin() {
-        let mut set = ReplicaSet::new(&[true, true], fence(), s(0), true);
+        let mut set = ReplicaHealth::new(&[true, true], fence(), s(0), true);
         assert!(!set.is_degraded());
         assert_eq!(set.write_targets().collect::<Vec<_>>(), [0, 1]);
 
@@ -557,7 +557,7 @@ mod tests {
         assert_eq!(set.reconnect_allowed(1, s(133)), Err(s(134)));
         assert_eq!(
             set.on_path_reconnected(1, s(120)),
-            Err(ReplicaSetError::BeforeFence {
+            Err(ReplicaHealthError::BeforeFence {
                 replica: 1,
                 early_ns: 14_000_000_000
             })
@@ -582,7 +582,7 @@ mod tests {
 
     #[test]
     fn the_last_in_sync_replica_stays_in_sync() {
-        let mut set = ReplicaSet::new(&[true, true], fence(), s(0), true);
+        let mut set = ReplicaHealth::new(&[true, true], fence(), s(0), true);
         set.on_path_failed(0, s(10), Some(s(10))).unwrap();
         let out = set.on_path_failed(1, s(20), Some(s(19))).unwrap();
         assert_eq!(out, FailOutcome::LastInSync { fence_until: s(55) });
@@ -603,7 +603,7 @@ mod tests {
 
     #[test]
     fn a_resyncing_replica_that_fails_is_fenced_again() {
-        let mut set = ReplicaSet::new(&[true, false], fence(), s(0), true);
+        let mut set = ReplicaHealth::new(&[true, false], fence(), s(0), true);
         assert_eq!(set.state(1), Ok(ReplicaState::Failed { since: s(0) }));
         set.on_path_reconnected(1, s(1)).unwrap();
         let out = set.on_path_failed(1, s(5), Some(s(4))).unwrap();
@@ -619,15 +619,15 @@ mod tests {
 
     #[test]
     fn after_an_unclean_stop_out_of_sync_replicas_are_fenced() {
-        let set = ReplicaSet::new(&[true, false], fence(), s(7), false);
+        let set = ReplicaHealth::new(&[true, false], fence(), s(7), false);
         assert_eq!(set.reconnect_allowed(1, s(7)), Err(s(43)));
         assert_eq!(set.reconnect_allowed(0, s(7)), Ok(()));
     }
 
     #[test]
     fn no_replica_in_sync_refuses_io() {
-        let set = ReplicaSet::new(&[false, false], fence(), s(0), true);
-        assert_eq!(set.check_io(), Err(ReplicaSetError::NoneInSync));
+        let set = ReplicaHealth::new(&[false, false], fence(), s(0), true);
+        assert_eq!(set.check_io(), Err(ReplicaHealthError::NoneInSync));
         assert_eq!(set.write_targets().count(), 0);
         assert!(set
             .check_io()
@@ -638,7 +638,7 @@ mod tests {
 
     #[test]
     fn the_selector_follows_the_set() {
-        let mut set = ReplicaSet::new(&[true, true, true], fence(), s(0), true);
+        let mut set = ReplicaHealth::new(&[true, true, true], fence(), s(0), true);
         let mut sel = ReplicaSelector::new(ReplicaPolicy::RoundRobin, 3);
         set.on_path_failed(1, s(1), Some(s(1))).unwrap();
         set.apply_to_selector(&mut sel);
@@ -691,7 +691,7 @@ mod tests {
             ops in proptest::collection::vec((0u8..4, 0usize..3, 0u64..50_000), 1..200),
         ) {
             let f = fence();
-            let mut set = ReplicaSet::new(&[true, true, true], f, Nanos(0), true);
+            let mut set = ReplicaHealth::new(&[true, true, true], f, Nanos(0), true);
             let mut now = Nanos(0);
             let mut last_cmd: [Option<Nanos>; 3] = [None; 3];
             for (op, r, dt_ms) in ops {
@@ -711,7 +711,7 @@ mod tests {
                             prop_assert!(last_cmd[r].is_none_or(|t| now >= f.fence_until(t)));
                         }
                         if !allowed {
-                            let is_before_fence = matches!(result, Err(ReplicaSetError::BeforeFence { .. }));
+                            let is_before_fence = matches!(result, Err(ReplicaHealthError::BeforeFence { .. }));
                             prop_assert!(is_before_fence);
                         }
                     }

@@ -1,4 +1,4 @@
-//! The running side of a replicated volume: the replica set
+//! The running side of a replicated volume: the replicas' health
 //! ([`crate::replicas`]), the write-intent log ([`crate::intent_log`]) and
 //! the resync of a returning replica ([`crate::resync`]) behind one lock,
 //! shared by the volume's queue threads and its manager thread.
@@ -25,7 +25,7 @@
 //!   out-of-sync replica reconnects only once the manager has moved it to
 //!   resyncing, after its fence.
 //!
-//! The manager thread ([`Replication::run_manager`]) ticks the replica set,
+//! The manager thread ([`Replication::run_manager`]) ticks the replicas' health,
 //! moves a fenced replica whose controller is live again to resyncing, and
 //! copies its dirty regions from an in-sync replica with the blocking
 //! controller API, one job at a time at the configured rate, each copy
@@ -37,7 +37,7 @@
 //!   this host puts on a command; a target does not report its own):
 //!   KATO + io_timeout + 1 s after the last command.
 //! - The last in-sync replica is fenced too before its paths reconnect
-//!   (the replica-set rule); I/O is held meanwhile.
+//!   (the rule of [`ReplicaHealth`]); I/O is held meanwhile.
 //! - A log created now (first start of the volume) takes replica 0 as the
 //!   source: the other replicas get a full copy, as md's initial resync.
 
@@ -47,15 +47,15 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nvmf_initiator::blocking::Controller;
-use qos_core::Nanos;
+use qos_core::{Nanos, ReplicaSet};
 use serde::{Deserialize, Serialize};
 
 use crate::config::VolumeConfig;
 use crate::error::Error;
 use crate::intent_log::{self, IntentLog, Opened, ReplicaSyncState, SyncEpoch};
-use crate::qos::{bits, Route};
-use crate::replicas::{FailOutcome, FenceTimes, ReplicaSet, ReplicaState};
-use crate::resync::{CopyResult, Next, ResyncConfig, ResyncPlanner};
+use crate::qos::Route;
+use crate::replicas::{FailOutcome, FenceTimes, ReplicaHealth, ReplicaState};
+use crate::resync::{CopyJob, CopyResult, Next, ResyncConfig, ResyncPlanner};
 
 /// Largest resync copy: one command's worth on every target we know
 /// (MDTS is at least 128 KiB on gimbal-target and nvmet).
@@ -64,10 +64,29 @@ const COPY_BYTES: u64 = 128 * 1024;
 struct Resync {
     replica: usize,
     planner: ResyncPlanner,
+    /// A region whose copies are done but not yet flushed: its bit is
+    /// cleared after the flush (the manager's next step).
+    unflushed: Option<u64>,
+}
+
+/// What the manager does next.
+enum Step {
+    /// Nothing for this long.
+    Sleep(Duration),
+    /// Blocking I/O for replica `replica`'s resync, without the lock.
+    Io { replica: usize, io: ResyncIo },
+}
+
+/// The blocking I/O of a resync step.
+enum ResyncIo {
+    /// Copy `job` from `source` (an in-sync replica, if there is one).
+    Copy { source: Option<usize>, job: CopyJob },
+    /// Flush the replica, then clear `region`'s bit.
+    Flush { region: u64 },
 }
 
 struct State {
-    set: ReplicaSet,
+    health: ReplicaHealth,
     log: IntentLog,
     resync: Option<Resync>,
 }
@@ -90,10 +109,12 @@ pub struct Replication {
     name: String,
     state: Mutex<State>,
     synced: Condvar,
+    /// [`Route::writable`] as [`ReplicaSet::bits`].
     writable: AtomicU32,
+    /// [`Route::readable`] as [`ReplicaSet::bits`].
     readable: AtomicU32,
-    /// Replicas as a mask (all bits of the set).
-    all: u32,
+    /// Every replica of the volume.
+    all: ReplicaSet,
     /// Set while a resync runs (user writes must be reported to it).
     resyncing: AtomicBool,
     epoch: Instant,
@@ -175,19 +196,19 @@ impl Replication {
             slack: Duration::from_secs(1),
         };
         let epoch = Instant::now();
-        let set = ReplicaSet::new(&in_sync, fence, Nanos::ZERO, clean);
+        let health = ReplicaHealth::new(&in_sync, fence, Nanos::ZERO, clean);
         let n = in_sync.len();
         let r = Self {
             name: config.name.clone(),
             state: Mutex::new(State {
-                set,
+                health,
                 log,
                 resync: None,
             }),
             synced: Condvar::new(),
             writable: AtomicU32::new(0),
             readable: AtomicU32::new(0),
-            all: if n >= 32 { u32::MAX } else { (1 << n) - 1 },
+            all: ReplicaSet::first_n(n),
             resyncing: AtomicBool::new(false),
             epoch,
             rate_bps: rc.resync_rate_bps,
@@ -218,39 +239,36 @@ impl Replication {
         Nanos(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    /// Recompute the lock-free masks after a state change.
+    /// Recompute the lock-free route after a state change.
     fn publish(&self, st: &State) {
-        let mut w = 0u32;
-        let mut r = 0u32;
-        for i in 0..st.set.len() {
-            if st.set.takes_writes(i) {
-                w |= 1 << i;
-            }
-            if st.set.serves_reads(i) {
-                r |= 1 << i;
-            }
-        }
-        if r == 0 {
+        let replicas = 0..st.health.len();
+        let w: ReplicaSet = replicas
+            .clone()
+            .filter(|&i| st.health.takes_writes(i))
+            .collect();
+        let mut r: ReplicaSet = replicas
+            .clone()
+            .filter(|&i| st.health.serves_reads(i))
+            .collect();
+        if r.is_empty() {
             // The last in-sync replica with its path down: reads wait for
             // it there.
-            for i in 0..st.set.len() {
-                if st.set.state(i) == Ok(ReplicaState::InSync) {
-                    r |= 1 << i;
-                }
-            }
+            r = replicas
+                .filter(|&i| st.health.state(i) == Ok(ReplicaState::InSync))
+                .collect();
         }
-        // Resync flag before the masks: a request that sees a resyncing
-        // replica in its mask also sees the flag (see `before_write`).
+        // Resync flag before the route: a request that sees a resyncing
+        // replica in its route also sees the flag (see `before_write`).
         self.resyncing.store(st.resync.is_some(), Ordering::Release);
-        self.writable.store(w, Ordering::Release);
-        self.readable.store(r, Ordering::Release);
+        self.writable.store(w.bits(), Ordering::Release);
+        self.readable.store(r.bits(), Ordering::Release);
     }
 
     /// Where requests may go now.
     pub fn route(&self) -> Route {
         Route {
-            writable: self.writable.load(Ordering::Acquire),
-            readable: self.readable.load(Ordering::Acquire),
+            writable: ReplicaSet::from_bits(self.writable.load(Ordering::Acquire)),
+            readable: ReplicaSet::from_bits(self.readable.load(Ordering::Acquire)),
         }
     }
 
@@ -286,26 +304,26 @@ impl Replication {
     }
 
     /// A write (or discard, write-zeroes) of bytes `range` is about to be
-    /// sent to the replicas in `mask`: record it, durably, for every
-    /// replica not in `mask`, and tell a running resync. Call
+    /// sent to the replicas `sent_to`: record it, durably, for every
+    /// other replica, and tell a running resync. Call
     /// [`Replication::after_write`] with the same arguments once every
     /// replica answered. Blocks only while an intent-log sync it needs is
     /// written.
-    pub fn before_write(&self, range: &Range<u64>, mask: u32) -> Result<(), Error> {
+    pub fn before_write(&self, range: &Range<u64>, sent_to: ReplicaSet) -> Result<(), Error> {
         let resyncing = self.resyncing.load(Ordering::Acquire);
-        if mask & self.all == self.all && !resyncing {
+        if self.all.is_subset(sent_to) && !resyncing {
             return Ok(());
         }
         let mut st = self.lock();
         let mut wait = None;
-        for r in 0..st.set.len() {
-            if mask & (1 << r) == 0 {
+        for r in 0..st.health.len() {
+            if !sent_to.contains(r) {
                 let out = st.log.mark(r, range.clone()).map_err(log_err)?;
                 wait = wait.max(out.wait_for);
             }
         }
         if let Some(rs) = st.resync.as_mut() {
-            if mask & (1 << rs.replica) != 0 {
+            if sent_to.contains(rs.replica) {
                 rs.planner.on_user_write_start(range.clone());
             }
         }
@@ -317,13 +335,13 @@ impl Replication {
 
     /// The write [`Replication::before_write`] announced has been answered
     /// by every replica it went to.
-    pub fn after_write(&self, range: &Range<u64>, mask: u32) {
+    pub fn after_write(&self, range: &Range<u64>, sent_to: ReplicaSet) {
         if !self.resyncing.load(Ordering::Acquire) {
             return;
         }
         let mut st = self.lock();
         if let Some(rs) = st.resync.as_mut() {
-            if mask & (1 << rs.replica) != 0 {
+            if sent_to.contains(rs.replica) {
                 rs.planner.on_user_write_done(range.clone());
             }
         }
@@ -346,11 +364,11 @@ impl Replication {
     pub fn path_failed(&self, r: usize) -> Result<FailOutcome, Error> {
         let now = self.now();
         let mut st = self.lock();
-        let was = st.set.state(r).ok();
+        let was = st.health.state(r).ok();
         // The failure is noticed after the last command was sent on the
         // path, so `now` is a safe (late) stand-in for it.
         let out = st
-            .set
+            .health
             .on_path_failed(r, now, Some(now))
             .map_err(|e| Error::State(e.to_string()))?;
         if let FailOutcome::OutOfSync { fence_until } = out {
@@ -385,15 +403,15 @@ impl Replication {
     pub fn may_connect(&self, r: usize) -> bool {
         let now = self.now();
         let mut st = self.lock();
-        match st.set.state(r) {
+        match st.health.state(r) {
             Ok(ReplicaState::Resyncing { .. }) => true,
             Ok(ReplicaState::InSync) => {
-                if st.set.reconnect_allowed(r, now).is_err() {
+                if st.health.reconnect_allowed(r, now).is_err() {
                     return false;
                 }
                 // The last in-sync replica coming back (a no-op when its
                 // path never went down).
-                if st.set.on_path_reconnected(r, now).is_ok() {
+                if st.health.on_path_reconnected(r, now).is_ok() {
                     self.publish(&st);
                 }
                 true
@@ -405,17 +423,16 @@ impl Replication {
     /// Whether replica `r` is out of sync (not in sync, not resyncing):
     /// its requests are dropped (writes recorded as missed).
     pub fn is_out(&self, r: usize) -> bool {
-        let w = self.writable.load(Ordering::Acquire);
-        w & (1 << r) == 0
+        !self.route().writable.contains(r)
     }
 
     /// Per replica, for `status`.
     pub fn status(&self) -> Vec<ReplicaStatus> {
         let st = self.lock();
-        (0..st.set.len())
+        (0..st.health.len())
             .map(|r| {
                 let mut s = ReplicaStatus {
-                    state: match st.set.state(r) {
+                    state: match st.health.state(r) {
                         Ok(ReplicaState::InSync) => "in-sync",
                         Ok(ReplicaState::Fencing { .. }) => "fencing",
                         Ok(ReplicaState::Failed { .. }) => "failed",
@@ -438,8 +455,8 @@ impl Replication {
 
     /// Whether any replica is not in sync.
     pub fn is_degraded(&self) -> bool {
-        self.writable.load(Ordering::Acquire) != self.all
-            || self.readable.load(Ordering::Acquire) != self.all
+        let route = self.route();
+        route.writable != self.all || route.readable != self.all
     }
 
     /// Record an orderly stop (every request answered) in the log.
@@ -460,129 +477,177 @@ impl Replication {
     }
 
     /// One step of the manager; how long it may sleep.
+    ///
+    /// The lock is dropped once, around the step's blocking I/O (a resync
+    /// copy, or the flush that makes copied regions durable): each can take
+    /// up to the I/O timeout, and the queue threads take the lock on their
+    /// data path (`before_write` while degraded or resyncing, `missed`,
+    /// `path_failed`), so holding it would stall user I/O behind a copy.
+    /// It is taken before the I/O to choose the step and after it to
+    /// record the outcome.
     fn manage(&self, ctrls: &[Copier<'_>], bs: u64) -> Duration {
         let now = self.now();
+        let (r, io) = match self.plan(self.lock(), ctrls, now) {
+            Step::Sleep(wait) => return wait,
+            Step::Io { replica, io } => (replica, io),
+        };
+        let result = match &io {
+            ResyncIo::Copy {
+                source: Some(src),
+                job,
+            } => copy(&ctrls[*src], &ctrls[r], bs, &job.range),
+            ResyncIo::Copy { source: None, .. } => {
+                Err("no in-sync replica to copy from".to_owned())
+            }
+            ResyncIo::Flush { .. } => ctrls[r]
+                .ctrl
+                .flush(ctrls[r].nsid)
+                .map_err(|e| format!("flush: {e}")),
+        };
         let mut st = self.lock();
-        st.set.tick(now);
+        self.record_io(&mut st, r, io, result)
+    }
+
+    /// Under the lock: tick the replicas' health, start a resync if a
+    /// replica is back, and choose the next step of the running one.
+    fn plan(&self, mut st: MutexGuard<'_, State>, ctrls: &[Copier<'_>], now: Nanos) -> Step {
+        st.health.tick(now);
         if st.resync.is_none() {
-            // A fenced replica whose controller is live again starts its
-            // resync (one at a time).
-            for r in 0..st.set.len() {
-                if matches!(st.set.state(r), Ok(ReplicaState::Failed { .. }))
-                    && ctrls.get(r).is_some_and(|c| c.ctrl.is_live())
-                {
-                    if let Ok(crate::replicas::Reconnected::StartResync) =
-                        st.set.on_path_reconnected(r, now)
-                    {
-                        let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
-                        log::warn!(
-                            "volume {}: replica {r} is back; resyncing {} regions",
-                            self.name,
-                            dirty.len()
-                        );
-                        st.resync = Some(Resync {
-                            replica: r,
-                            planner: ResyncPlanner::new(self.resync_config(), dirty, now),
-                        });
-                        self.publish(&st);
-                        break;
-                    }
-                }
-            }
+            self.start_resync(&mut st, ctrls, now);
         }
-        let Some(r) = st.resync.as_ref().map(|rs| rs.replica) else {
-            return Duration::from_millis(100);
+        let Some(rs) = st.resync.as_mut() else {
+            return Step::Sleep(Duration::from_millis(100));
         };
-        let next = match st.resync.as_mut() {
-            Some(rs) => rs.planner.next_job(now),
-            None => return Duration::ZERO,
-        };
-        match next {
+        let r = rs.replica;
+        if let Some(region) = rs.unflushed {
+            return Step::Io {
+                replica: r,
+                io: ResyncIo::Flush { region },
+            };
+        }
+        match rs.planner.next_job(now) {
             Next::Job(job) => {
-                let source = (0..st.set.len()).find(|&i| st.set.serves_reads(i));
-                drop(st);
-                let copied = match source {
-                    Some(src) => copy(&ctrls[src], &ctrls[r], bs, &job.range),
-                    None => Err("no in-sync replica to copy from".to_owned()),
-                };
-                let mut st = self.lock();
-                let Some(rs) = st.resync.as_mut().filter(|rs| rs.replica == r) else {
-                    return Duration::ZERO;
-                };
-                match copied {
-                    Ok(()) => {
-                        if let Ok(CopyResult::RegionClean(g)) = rs.planner.on_copy_done(job.id) {
-                            // The copies must be on stable media before
-                            // the bit that says they are needed goes.
-                            drop(st);
-                            let flushed = ctrls[r].ctrl.flush(ctrls[r].nsid);
-                            let mut st = self.lock();
-                            match flushed {
-                                Ok(()) => {
-                                    if let Err(e) = st.log.clear(r, g) {
-                                        log::error!("volume {}: intent log: {e}", self.name);
-                                    }
-                                }
-                                Err(e) => {
-                                    log::warn!(
-                                        "volume {}: resync of replica {r}: flush: {e}",
-                                        self.name
-                                    );
-                                    // Copy the region again: its bit is
-                                    // still set.
-                                    self.replan(&mut st, r, self.now());
-                                    return Duration::from_millis(500);
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        let _ = rs.planner.on_copy_failed(job.id);
-                        log::warn!("volume {}: resync of replica {r}: {e}", self.name);
-                        return Duration::from_millis(500);
-                    }
+                let source = (0..st.health.len()).find(|&i| st.health.serves_reads(i));
+                Step::Io {
+                    replica: r,
+                    io: ResyncIo::Copy { source, job },
                 }
-                Duration::ZERO
             }
-            Next::WaitUntil(t) => Duration::from_nanos(t.nanos_since(now)),
-            Next::Wait => Duration::from_millis(5),
+            Next::WaitUntil(t) => Step::Sleep(Duration::from_nanos(t.nanos_since(now))),
+            Next::Wait => Step::Sleep(Duration::from_millis(5)),
             Next::Done => {
-                if st.log.dirty_count(r) > 0 {
-                    // Bits set after the planner started (a write that
-                    // chose its replicas just before the resync began):
-                    // copy those too.
-                    self.replan(&mut st, r, now);
-                    return Duration::ZERO;
-                }
-                let copied = st
-                    .resync
-                    .as_ref()
-                    .map_or(0, |rs| rs.planner.progress().bytes_copied);
-                let m = st.log.set_state(r, ReplicaSyncState::InSync);
-                match m {
-                    Ok(m) => {
-                        let _ = st.set.on_resync_done(r);
-                        st.resync = None;
-                        self.publish(&st);
-                        log::warn!(
-                            "volume {}: replica {r} resynced ({copied} bytes copied); in sync",
-                            self.name
-                        );
-                        if let Some(e) = m.wait_for {
-                            if let Err(e) = self.make_durable(st, e) {
-                                log::error!("volume {}: intent log: {e}", self.name);
-                            }
-                        }
-                    }
-                    Err(e) => log::error!("volume {}: intent log: {e}", self.name),
-                }
-                Duration::ZERO
+                self.finish_resync(st, r, now);
+                Step::Sleep(Duration::ZERO)
             }
         }
     }
 
-    /// The replicas as a mask.
-    pub fn all(&self) -> u32 {
+    /// A fenced replica whose controller is live again starts its resync
+    /// (one at a time).
+    fn start_resync(&self, st: &mut State, ctrls: &[Copier<'_>], now: Nanos) {
+        for r in 0..st.health.len() {
+            if matches!(st.health.state(r), Ok(ReplicaState::Failed { .. }))
+                && ctrls.get(r).is_some_and(|c| c.ctrl.is_live())
+            {
+                if let Ok(crate::replicas::Reconnected::StartResync) =
+                    st.health.on_path_reconnected(r, now)
+                {
+                    let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
+                    log::warn!(
+                        "volume {}: replica {r} is back; resyncing {} regions",
+                        self.name,
+                        dirty.len()
+                    );
+                    st.resync = Some(Resync {
+                        replica: r,
+                        planner: ResyncPlanner::new(self.resync_config(), dirty, now),
+                        unflushed: None,
+                    });
+                    self.publish(st);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Under the lock again: what replica `r`'s step `io` did.
+    fn record_io(
+        &self,
+        st: &mut State,
+        r: usize,
+        io: ResyncIo,
+        result: Result<(), String>,
+    ) -> Duration {
+        // The resync may have stopped meanwhile (the replica failed again).
+        let Some(rs) = st.resync.as_mut().filter(|rs| rs.replica == r) else {
+            return Duration::ZERO;
+        };
+        match (io, result) {
+            (ResyncIo::Copy { job, .. }, Ok(())) => {
+                if let Ok(CopyResult::RegionClean(g)) = rs.planner.on_copy_done(job.id) {
+                    // The copies must be on stable media before the bit
+                    // that says they are needed goes: the next step
+                    // flushes, then clears it.
+                    rs.unflushed = Some(g);
+                }
+                Duration::ZERO
+            }
+            (ResyncIo::Flush { region }, Ok(())) => {
+                rs.unflushed = None;
+                if let Err(e) = st.log.clear(r, region) {
+                    log::error!("volume {}: intent log: {e}", self.name);
+                }
+                Duration::ZERO
+            }
+            (ResyncIo::Copy { job, .. }, Err(e)) => {
+                let _ = rs.planner.on_copy_failed(job.id);
+                log::warn!("volume {}: resync of replica {r}: {e}", self.name);
+                Duration::from_millis(500)
+            }
+            (ResyncIo::Flush { .. }, Err(e)) => {
+                rs.unflushed = None;
+                log::warn!("volume {}: resync of replica {r}: {e}", self.name);
+                // Copy the region again: its bit is still set.
+                self.replan(st, r, self.now());
+                Duration::from_millis(500)
+            }
+        }
+    }
+
+    /// Every region of replica `r` was copied: record it in sync, unless
+    /// bits were set meanwhile.
+    fn finish_resync(&self, mut st: MutexGuard<'_, State>, r: usize, now: Nanos) {
+        if st.log.dirty_count(r) > 0 {
+            // Bits set after the planner started (a write that chose its
+            // replicas just before the resync began): copy those too.
+            self.replan(&mut st, r, now);
+            return;
+        }
+        let copied = st
+            .resync
+            .as_ref()
+            .map_or(0, |rs| rs.planner.progress().bytes_copied);
+        match st.log.set_state(r, ReplicaSyncState::InSync) {
+            Ok(m) => {
+                let _ = st.health.on_resync_done(r);
+                st.resync = None;
+                self.publish(&st);
+                log::warn!(
+                    "volume {}: replica {r} resynced ({copied} bytes copied); in sync",
+                    self.name
+                );
+                if let Some(e) = m.wait_for {
+                    if let Err(e) = self.make_durable(st, e) {
+                        log::error!("volume {}: intent log: {e}", self.name);
+                    }
+                }
+            }
+            Err(e) => log::error!("volume {}: intent log: {e}", self.name),
+        }
+    }
+
+    /// Every replica of the volume.
+    pub fn all(&self) -> ReplicaSet {
         self.all
     }
 
@@ -626,11 +691,6 @@ fn copy(src: &Copier<'_>, dst: &Copier<'_>, bs: u64, range: &Range<u64>) -> Resu
 
 fn log_err(e: intent_log::IntentLogError) -> Error {
     Error::State(e.to_string())
-}
-
-/// The replicas of `mask` (re-exported for the engine).
-pub fn replicas_of(mask: u32) -> impl Iterator<Item = usize> {
-    bits(mask)
 }
 
 #[cfg(test)]
@@ -687,8 +747,12 @@ bitmap_dir = "{}"
         assert_eq!(st[0].state, "in-sync");
         assert_ne!(st[1].state, "in-sync");
         assert_eq!(st[1].dirty_regions, 16);
-        assert_eq!(r.route().readable, 0b01);
-        assert_eq!(r.route().writable, 0b01, "not before the resync starts");
+        assert_eq!(r.route().readable, ReplicaSet::one(0));
+        assert_eq!(
+            r.route().writable,
+            ReplicaSet::one(0),
+            "not before the resync starts"
+        );
     }
 
     #[test]
@@ -701,7 +765,7 @@ bitmap_dir = "{}"
             // replicas converge; nothing to copy.
             let r = Replication::open(&cfg, &ids(), SIZE, true).unwrap();
             assert!(r.status().iter().all(|s| s.state == "in-sync"));
-            assert_eq!(r.route().readable, 0b11);
+            assert_eq!(r.route().readable, ReplicaSet::first_n(2));
         }
         // That open did not stop cleanly either: a fresh start now copies
         // replica 1 in full from replica 0.
@@ -710,7 +774,7 @@ bitmap_dir = "{}"
         assert_eq!(st[0].state, "in-sync");
         assert_eq!(st[1].state, "fencing");
         assert_eq!(st[1].dirty_regions, 16);
-        assert_eq!(r.route().readable, 0b01);
+        assert_eq!(r.route().readable, ReplicaSet::one(0));
         drop(r);
         // A clean stop is remembered: the next start copies nothing new.
         let r = Replication::open(&cfg, &ids(), SIZE, false).unwrap();
@@ -725,16 +789,16 @@ bitmap_dir = "{}"
         unclean_all_in_sync(&cfg);
         let r = Replication::open(&cfg, &ids(), SIZE, true).unwrap();
         // Healthy: nothing recorded.
-        r.before_write(&(0..4096), 0b11).unwrap();
-        r.after_write(&(0..4096), 0b11);
+        r.before_write(&(0..4096), r.all()).unwrap();
+        r.after_write(&(0..4096), r.all());
         assert!(r.status().iter().all(|s| s.dirty_regions == 0));
         // Replica 1 fails: out of sync, its writes are recorded.
         assert!(matches!(
             r.path_failed(1).unwrap(),
             FailOutcome::OutOfSync { .. }
         ));
-        assert_eq!(r.route().writable, 0b01);
-        assert_eq!(r.route().readable, 0b01);
+        assert_eq!(r.route().writable, ReplicaSet::one(0));
+        assert_eq!(r.route().readable, ReplicaSet::one(0));
         r.before_write(&((3 << 20)..(3 << 20) + 8192), r.route().writable)
             .unwrap();
         r.missed(1, &((5 << 20)..(6 << 20) + 1)).unwrap();
@@ -744,7 +808,7 @@ bitmap_dir = "{}"
             r.path_failed(0).unwrap(),
             FailOutcome::LastInSync { .. }
         ));
-        assert_eq!(r.route().writable, 0b01);
+        assert_eq!(r.route().writable, ReplicaSet::one(0));
         drop(r);
         // The marks survived (durable before the writes were sent).
         let geo = intent_log::Geometry {

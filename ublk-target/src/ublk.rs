@@ -24,7 +24,7 @@ use libublk::{BufDesc, UblkError, UblkFlags, UblkUringData};
 use crate::engine::{self, Engine, TagBuf, TagWait};
 use crate::error::Error;
 use crate::mapping::{self, DeviceParams, Op, Plan, ReqFlags};
-use crate::qos::Class;
+use crate::qos::LimitKind;
 use crate::volume::Volume;
 use qos_core::priority::NvmeClass;
 
@@ -321,12 +321,12 @@ async fn tag_task(
                 let data = (data_len > 0).then(|| {
                     // SAFETY: `buf` outlives the engine (queue_main) and is
                     // not touched until TagWait returns.
-                    unsafe { TagBuf::new(buf.as_mut_ptr(), data_len as usize) }
+                    unsafe { TagBuf::exclusive(buf.as_mut_ptr(), data_len as usize) }
                 });
-                let class = match op {
-                    Op::Read => Class::Read,
-                    Op::Write => Class::Write,
-                    _ => Class::Other,
+                let kind = match op {
+                    Op::Read => LimitKind::Read,
+                    Op::Write => LimitKind::Write,
+                    _ => LimitKind::Other,
                 };
                 // What the intent log of a replicated volume records:
                 // every op that changes data.
@@ -337,7 +337,7 @@ async fn tag_task(
                     tag,
                     command,
                     data,
-                    class,
+                    kind,
                     u64::from(nr_sectors) << 9,
                     nvme_class,
                     write,

@@ -226,8 +226,9 @@ pub struct TargetIdentity {
     pub geometry: Geometry,
 }
 
-/// One target namespace of a volume (a replica, when there are several).
-pub struct Target {
+/// Where one replica of a volume is served: its address, controller and
+/// namespace (a plain volume has one).
+pub struct ReplicaEndpoint {
     /// Where it is.
     pub spec: TargetSpec,
     /// Resolved address.
@@ -251,8 +252,8 @@ pub struct Volume {
     pub config: VolumeConfig,
     /// Who we are to the targets.
     pub host: HostIdentity,
-    /// Its target namespaces: one, or the replicas in config order.
-    pub targets: Vec<Target>,
+    /// Its replicas' endpoints: one, or the replicas in config order.
+    pub replicas: Vec<ReplicaEndpoint>,
     /// Block device geometry (common to every replica).
     pub geometry: Geometry,
     /// Identity of the first target's namespace (what a recovering server
@@ -265,7 +266,7 @@ pub struct Volume {
     /// Priority classes.
     pub priority: Priority,
     /// Replica set, intent log and resync (replicated volumes only).
-    pub replication: Option<Replication>,
+    pub replication: Option<Arc<Replication>>,
 }
 
 impl Volume {
@@ -287,7 +288,7 @@ impl Volume {
         recovering: bool,
     ) -> Result<Self, Error> {
         let replicated = config.replicas.len() > 1;
-        let mut targets = Vec::new();
+        let mut replicas = Vec::new();
         let mut geos = Vec::new();
         for (i, spec) in config.replicas.iter().enumerate() {
             let what = if replicated {
@@ -298,9 +299,9 @@ impl Volume {
             } else {
                 format!("{}:{} {}", spec.address, spec.port, spec.subnqn)
             };
-            let (t, g) = connect_target(&config, &host, &priority, spec)
+            let (t, g) = connect_replica(&config, &host, &priority, spec)
                 .map_err(|e| Error::Usage(format!("{what}: {e}")))?;
-            targets.push(t);
+            replicas.push(t);
             geos.push((what, g));
         }
         if replicated {
@@ -322,23 +323,23 @@ impl Volume {
             geometry.write_zeroes &= g.write_zeroes;
         }
         let replication = if replicated {
-            let ids: Vec<String> = targets
+            let ids: Vec<String> = replicas
                 .iter()
                 .map(|t| replica_identity(&t.spec.subnqn, t.spec.nsid, &t.identity.serial))
                 .collect();
-            Some(Replication::open(
+            Some(Arc::new(Replication::open(
                 &config,
                 &ids,
                 geometry.size_bytes(),
                 recovering,
-            )?)
+            )?))
         } else {
             None
         };
-        let identity = targets[0].identity.clone();
+        let identity = replicas[0].identity.clone();
         Ok(Self {
             host,
-            targets,
+            replicas,
             geometry,
             identity,
             stats: Arc::new(Stats::default()),
@@ -353,7 +354,7 @@ impl Volume {
         let s = &self.stats;
         PrioritySnapshot {
             mode: self.priority.mode(),
-            arbitration: match self.targets[0].arbitration {
+            arbitration: match self.replicas[0].arbitration {
                 Arbitration::RoundRobin => "round robin",
                 Arbitration::WeightedRoundRobin | Arbitration::PreferWeighted => {
                     "weighted round robin"
@@ -361,7 +362,7 @@ impl Volume {
                 Arbitration::VendorSpecific => "drr (vendor specific)",
             }
             .into(),
-            queues: self.targets[0]
+            queues: self.replicas[0]
                 .classes
                 .iter()
                 .map(|c| class_name(*c).into())
@@ -383,10 +384,10 @@ impl Volume {
         let Some(rep) = &self.replication else {
             return Vec::new();
         };
-        let qos = self.qos.replica_snapshot(self.targets.len());
+        let qos = self.qos.replica_snapshot(self.replicas.len());
         rep.status()
             .into_iter()
-            .zip(&self.targets)
+            .zip(&self.replicas)
             .enumerate()
             .map(|(i, (status, t))| ReplicaSnapshot {
                 target: format!("{} {} nsid {}", t.addr, t.spec.subnqn, t.spec.nsid),
@@ -410,10 +411,10 @@ impl Volume {
         StatsSnapshot {
             volume: self.config.name.clone(),
             device: device.to_owned(),
-            target: self.targets[0].addr.to_string(),
+            target: self.replicas[0].addr.to_string(),
             subnqn: self.config.target.subnqn.clone(),
-            connected: self.targets.iter().any(|t| t.ctrl.is_live()),
-            controller_resets: self.targets.iter().map(|t| t.ctrl.resets()).sum(),
+            connected: self.replicas.iter().any(|t| t.ctrl.is_live()),
+            controller_resets: self.replicas.iter().map(|t| t.ctrl.resets()).sum(),
             replicas: self.replica_snapshot(),
             reads: g(&s.reads),
             writes: g(&s.writes),
@@ -431,13 +432,13 @@ impl Volume {
     }
 }
 
-/// Connect one target namespace of a volume.
-fn connect_target(
+/// Connect one replica of a volume.
+fn connect_replica(
     config: &VolumeConfig,
     host: &HostIdentity,
     priority: &Priority,
     spec: &TargetSpec,
-) -> Result<(Target, Geometry), Error> {
+) -> Result<(ReplicaEndpoint, Geometry), Error> {
     let addr = spec
         .socket_addr()
         .map_err(|e| Error::Usage(format!("{}: {e}", spec.address)))?;
@@ -498,7 +499,7 @@ fn connect_target(
         geometry,
     };
     Ok((
-        Target {
+        ReplicaEndpoint {
             spec: spec.clone(),
             addr,
             ctrl,

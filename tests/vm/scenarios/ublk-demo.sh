@@ -1,10 +1,11 @@
 # vm-timeout: 300
-# `ublk-nvmf demo` brings up /dev/ublkb0 over an in-process gimbal-target
-# (RAM namespace): ext4 on it (mkfs, mount, write, read back, umount,
-# e2fsck -f clean), a verified fio run, discard, and Ctrl-C removes it.
+# `ublk-nvmf demo` brings up /dev/ublkb0 over a gimbal-target child process
+# (RAM namespace; the binary is found next to ublk-nvmf in /usr/bin): ext4
+# on it (mkfs, mount, write, read back, umount, e2fsck -f clean), a verified
+# fio run, discard, and Ctrl-C removes it and stops the target.
 . /vm/lib.sh
 
-require_cmd ublk-nvmf fio || exit 1
+require_cmd ublk-nvmf gimbal-target fio || exit 1
 require_module ublk_drv ext4 || exit 1
 
 start_daemon demo ublk-nvmf demo --size 512MiB
@@ -39,3 +40,5 @@ check_output "list shows the volume" "demo +/dev/ublkb0" ublk-nvmf list
 check "Ctrl-C stops the demo" stop_daemon demo INT
 gone() { ! test -e /dev/ublkb0; }
 wait_for "/dev/ublkb0 is removed" 20 gone
+target_gone() { ! grep -qsx gimbal-target /proc/[0-9]*/comm; }
+wait_for "the gimbal-target child is stopped" 20 target_gone

@@ -1,0 +1,565 @@
+//! One ublk queue's requests from admission to completion, without the
+//! sockets: the QoS stage ([`QueueQos`]) decides when a request may go and
+//! to which replicas, the fan-out ([`FanOut`]) decides what its parts do,
+//! and this module carries out the fan-out's actions against the
+//! replication state (intent log, replica health) and a [`PartSink`] that
+//! puts NVMe requests on paths.
+//!
+//! The engine ([`crate::engine`]) is one `PartSink` (io_uring sockets, one
+//! path per replica and class); the in-process tests
+//! (`tests/fanout.rs`) are another (initiator queue cores talking to fake
+//! targets in memory), so everything a request's parts do is tested
+//! without a kernel.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nvmf_initiator::{Command, Completion, Request};
+use qos_core::priority::NvmeClass;
+use qos_core::{Nanos, ReplicaSet};
+
+use crate::fanout::{Action, FanOut, Op, PartId, PieceSpec};
+use crate::qos::{LimitKind, QueueQos, Route, Ticket};
+use crate::replication::Replication;
+use crate::volume::Stats;
+
+/// A view of a tag's I/O buffer (the ublk queue's per-tag `IoBuf`) handed
+/// to the initiator's queue for a part's lifetime.
+///
+/// The buffers are allocated once per queue thread and outlive the engine
+/// (see `ublk.rs`), and a tag's buffer is touched by nobody else while its
+/// request is in the engine: the tag task waits for the completion before
+/// it commits the buffer back to the driver. A read has one part at a
+/// time, which may write the buffer ([`TagBuf::exclusive`]); the parts of
+/// a write (one per replica) share it read-only ([`TagBuf::shared`]).
+pub struct TagBuf {
+    ptr: *mut u8,
+    len: usize,
+    writable: bool,
+}
+
+impl TagBuf {
+    /// The one view of a buffer that may be written (a read's data lands
+    /// in it).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid, and be neither read nor written
+    /// through anything else, while the `TagBuf` or a request holding it
+    /// lives.
+    pub unsafe fn exclusive(ptr: *mut u8, len: usize) -> Self {
+        Self {
+            ptr,
+            len,
+            writable: true,
+        }
+    }
+
+    /// One of several read-only views of a buffer (a write's data, sent
+    /// to every replica).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid, and not be written through
+    /// anything, while the `TagBuf` or a request holding it lives.
+    pub unsafe fn shared(ptr: *const u8, len: usize) -> Self {
+        Self {
+            ptr: ptr as *mut u8,
+            len,
+            writable: false,
+        }
+    }
+}
+
+impl AsRef<[u8]> for TagBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see the constructors: valid for `len`, not written by
+        // anyone else while we live.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl AsMut<[u8]> for TagBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        if !self.writable {
+            // The initiator writes into a request's buffer only for data
+            // a read returns (it refuses C2HData for a command that reads
+            // nothing), so a write's shared view is never asked for this.
+            debug_assert!(
+                false,
+                "a shared (write) buffer view was asked to be written"
+            );
+            return &mut [];
+        }
+        // SAFETY: `exclusive`: nobody else reads or writes it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Where a request's parts go: the engine's paths, or a test's fake
+/// targets.
+pub trait PartSink {
+    /// Send `req` to replica `replica` on its path for class `class`, or
+    /// hold it there until that path is connected.
+    fn send(&mut self, replica: usize, class: NvmeClass, req: Request<TagBuf>);
+
+    /// Replica `replica` answered a write with an error: it no longer
+    /// holds the volume's data, so reset its controller (its paths then
+    /// reconnect only through resync).
+    fn reset_replica(&mut self, replica: usize);
+}
+
+/// A request between the ublk tag and its NVMe commands: what the QoS
+/// stage holds, and what each part's command is built from.
+#[derive(Clone)]
+pub struct Pending {
+    tag: u16,
+    command: Command,
+    /// The tag's buffer (pointer, length) when data travels.
+    buf: Option<(*mut u8, usize)>,
+}
+
+/// Per tag: the request between admission and completion.
+#[derive(Default)]
+struct TagState {
+    /// Admitted: the QoS ticket (its replicas shrink as parts end).
+    ticket: Option<Ticket>,
+    pending: Option<Pending>,
+    class: Option<NvmeClass>,
+    /// Bytes of the volume a write, discard or write-zeroes changes (the
+    /// intent log's unit).
+    write: Option<Range<u64>>,
+}
+
+/// One ublk queue's requests; see the module documentation.
+pub struct Requests {
+    name: String,
+    /// Per replica: its namespace ID.
+    nsids: Vec<u32>,
+    replication: Option<Arc<Replication>>,
+    stats: Arc<Stats>,
+    qos: QueueQos<Pending>,
+    fan: FanOut,
+    tags: Vec<TagState>,
+    /// Per tag: the outcome once known (true: success), until taken.
+    results: Vec<Option<bool>>,
+    /// Tags whose outcome became known since the last
+    /// [`Requests::take_finished`].
+    finished: Vec<u16>,
+}
+
+/// `command` addressed to namespace `nsid` (each replica has its own).
+fn with_nsid(command: Command, nsid: u32) -> Command {
+    match command {
+        Command::Read {
+            slba, block_size, ..
+        } => Command::Read {
+            nsid,
+            slba,
+            block_size,
+        },
+        Command::Write {
+            slba,
+            block_size,
+            fua,
+            ..
+        } => Command::Write {
+            nsid,
+            slba,
+            block_size,
+            fua,
+        },
+        Command::Flush { .. } => Command::Flush { nsid },
+        Command::WriteZeroes {
+            slba,
+            blocks,
+            deallocate,
+            ..
+        } => Command::WriteZeroes {
+            nsid,
+            slba,
+            blocks,
+            deallocate,
+        },
+        Command::Raw(mut sqe) => {
+            sqe.nsid = nsid;
+            Command::Raw(sqe)
+        }
+    }
+}
+
+impl Requests {
+    /// The requests of a queue of `depth` tags of volume `name`, whose
+    /// replica r is namespace `nsids[r]`.
+    pub fn new(
+        name: String,
+        nsids: Vec<u32>,
+        replication: Option<Arc<Replication>>,
+        stats: Arc<Stats>,
+        qos: QueueQos<Pending>,
+        depth: u16,
+    ) -> Self {
+        debug_assert!(!nsids.is_empty());
+        debug_assert!(replication.is_some() || nsids.len() == 1);
+        Requests {
+            name,
+            nsids,
+            replication,
+            stats,
+            qos,
+            fan: FanOut::new(depth),
+            tags: (0..depth).map(|_| TagState::default()).collect(),
+            results: vec![None; usize::from(depth)],
+            finished: Vec::new(),
+        }
+    }
+
+    /// The QoS stage.
+    pub fn qos(&self) -> &QueueQos<Pending> {
+        &self.qos
+    }
+
+    /// Now on the QoS clock.
+    pub fn now(&self, at: Instant) -> Nanos {
+        self.qos.shared().now(at)
+    }
+
+    /// The fan-out machine (for its counters).
+    pub fn fan_out(&self) -> &FanOut {
+        &self.fan
+    }
+
+    /// Queue a request for tag `tag`: `kind` and `bytes` are what the
+    /// rate limiter charges, `class` its NVMe priority class, `write` the
+    /// volume bytes a write, discard or write-zeroes changes. Sends what
+    /// may go now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit(
+        &mut self,
+        now: Nanos,
+        tag: u16,
+        command: Command,
+        buf: Option<TagBuf>,
+        kind: LimitKind,
+        bytes: u64,
+        class: NvmeClass,
+        write: Option<Range<u64>>,
+        sink: &mut impl PartSink,
+    ) {
+        debug_assert!(!self.fan.is_active(tag), "tag {tag} reused while active");
+        self.stats.inflight.fetch_add(1, Ordering::Relaxed);
+        let t = usize::from(tag);
+        self.tags[t] = TagState {
+            class: Some(class),
+            write,
+            ..TagState::default()
+        };
+        let pending = Pending {
+            tag,
+            command,
+            buf: buf.map(|b| {
+                debug_assert!(b.writable, "the tag's own view is exclusive");
+                (b.ptr, b.len)
+            }),
+        };
+        self.qos.push(now, pending, kind, bytes, class);
+        self.pump(now, sink);
+    }
+
+    /// Where requests may go now.
+    pub fn route(&self) -> Route {
+        match &self.replication {
+            Some(rep) => rep.route(),
+            None => Route::SINGLE,
+        }
+    }
+
+    fn readable(&self) -> ReplicaSet {
+        self.route().readable
+    }
+
+    /// Whether replica `r` is out of sync (its parts are dropped, not
+    /// held).
+    pub fn is_out(&self, r: usize) -> bool {
+        self.replication.as_ref().is_some_and(|rep| rep.is_out(r))
+    }
+
+    /// Send what the QoS stage admits now.
+    pub fn pump(&mut self, now: Nanos, sink: &mut impl PartSink) {
+        loop {
+            let route = self.route();
+            let Some((pending, ticket)) = self.qos.poll_admit_routed(now, route) else {
+                break;
+            };
+            self.start(now, pending, ticket, sink);
+        }
+    }
+
+    /// [`Requests::pump`] if anything waits in the QoS stage (after
+    /// completions freed room, or settings changed).
+    pub fn pump_if_queued(&mut self, now: Nanos, sink: &mut impl PartSink) {
+        if self.qos.queued() > 0 {
+            self.pump(now, sink);
+        }
+    }
+
+    /// When the rate limiter's head may go, if it holds one back.
+    pub fn timer(&self) -> Option<Nanos> {
+        self.qos.timer()
+    }
+
+    /// An admitted request enters the fan-out.
+    fn start(&mut self, now: Nanos, pending: Pending, ticket: Ticket, sink: &mut impl PartSink) {
+        let t = usize::from(pending.tag);
+        let st = &mut self.tags[t];
+        let (op, range) = if ticket.is_read() {
+            (Op::Read, 0..0)
+        } else {
+            match &st.write {
+                Some(r) => (Op::Write, r.clone()),
+                None => (Op::Flush, 0..0),
+            }
+        };
+        let piece = [PieceSpec {
+            range,
+            copies: ticket.replicas(),
+        }];
+        st.ticket = Some(ticket);
+        st.pending = Some(pending);
+        self.fan.start(now, t as u16, op, &piece);
+        self.run(sink);
+    }
+
+    /// Carry out the fan-out's actions.
+    fn run(&mut self, sink: &mut impl PartSink) {
+        while let Some(action) = self.fan.poll_action() {
+            match action {
+                Action::BeforeWrite {
+                    tag,
+                    piece,
+                    range,
+                    to,
+                } => {
+                    let ok = match &self.replication {
+                        Some(rep) => rep.before_write(&range, to).map_err(|e| {
+                            // The intent log cannot record what a replica
+                            // misses: the write must not go anywhere.
+                            log::error!("{}: {e}; failing the write", self.name);
+                        }),
+                        None => Ok(()),
+                    };
+                    self.fan.prepared(tag, piece, ok.is_ok());
+                }
+                Action::Send(part) => self.send_part(part, sink),
+                Action::Retry(part) => {
+                    if let Some(t) = self.ticket(part) {
+                        t.add_uncounted(usize::from(part.copy));
+                    }
+                    self.send_part(part, sink);
+                }
+                Action::Reroute { from, to } => {
+                    if let Some(mut t) = self.tags[usize::from(from.tag)].ticket.take() {
+                        self.qos
+                            .reroute(&mut t, usize::from(from.copy), usize::from(to.copy));
+                        self.tags[usize::from(from.tag)].ticket = Some(t);
+                    }
+                    self.send_part(to, sink);
+                }
+                Action::Release(part) => {
+                    if let Some(mut t) = self.tags[usize::from(part.tag)].ticket.take() {
+                        self.qos.release(&mut t, usize::from(part.copy));
+                        self.tags[usize::from(part.tag)].ticket = Some(t);
+                    }
+                }
+                Action::WriteMissed {
+                    part,
+                    range,
+                    out_of_sync,
+                } => {
+                    let ok = self.write_missed(part, &range, out_of_sync, sink);
+                    self.fan.recorded(part, ok);
+                }
+                Action::AfterWrite { range, sent, .. } => {
+                    if let Some(rep) = &self.replication {
+                        rep.after_write(&range, sent);
+                    }
+                }
+                Action::Complete { tag, ok } => self.finish(tag, ok),
+            }
+        }
+    }
+
+    fn ticket(&mut self, part: PartId) -> Option<&mut Ticket> {
+        self.tags[usize::from(part.tag)].ticket.as_mut()
+    }
+
+    /// Record that `part`'s replica missed the write of `range`, taking it
+    /// out of sync first when it answered with an error; whether the
+    /// record holds.
+    fn write_missed(
+        &mut self,
+        part: PartId,
+        range: &Range<u64>,
+        out_of_sync: bool,
+        sink: &mut impl PartSink,
+    ) -> bool {
+        let r = usize::from(part.copy);
+        let Some(rep) = &self.replication else {
+            // One replica: the fan-out never drops its writes.
+            debug_assert!(false, "missed write on a one-replica volume");
+            return false;
+        };
+        let mut res = Ok(());
+        if out_of_sync {
+            res = rep.path_failed(r).map(|_| ());
+            sink.reset_replica(r);
+        }
+        if let Err(e) = res.and_then(|()| rep.missed(r, range)) {
+            log::error!("{}: {e}", self.name);
+            return false;
+        }
+        true
+    }
+
+    /// Send `part` (its tag's command, to its replica's namespace).
+    fn send_part(&mut self, part: PartId, sink: &mut impl PartSink) {
+        let st = &self.tags[usize::from(part.tag)];
+        let Some(pending) = st.pending.as_ref() else {
+            debug_assert!(false, "part of a tag with no request");
+            return;
+        };
+        let r = usize::from(part.copy);
+        let read = st.ticket.is_some_and(|t| t.is_read());
+        let buf = pending.buf.map(|(p, l)| {
+            // SAFETY: the tag's buffer outlives the engine and is ours
+            // until the tag completes (see `TagBuf`); a read has one part
+            // at a time (a retry goes out only after the previous part
+            // ended), the parts of a write only read it.
+            unsafe {
+                if read {
+                    TagBuf::exclusive(p, l)
+                } else {
+                    TagBuf::shared(p, l)
+                }
+            }
+        });
+        let req = Request {
+            command: with_nsid(pending.command, self.nsids[r]),
+            buf,
+            user_data: part.user_data(),
+        };
+        sink.send(r, st.class.unwrap_or(NvmeClass::Medium), req);
+    }
+
+    /// A completion arrived from replica `replica` at `now`.
+    pub fn on_completion(
+        &mut self,
+        now: Nanos,
+        replica: usize,
+        done: &Completion<TagBuf>,
+        sink: &mut impl PartSink,
+    ) {
+        let Some(part) = PartId::from_user_data(done.user_data).filter(|p| {
+            debug_assert_eq!(usize::from(p.copy), replica, "a completion on another path");
+            self.fan.is_outstanding(*p)
+        }) else {
+            return;
+        };
+        let ok = done.status.is_success();
+        if !ok {
+            log::warn!(
+                "{}: tag {} (replica {replica}): NVMe status {:?}",
+                self.name,
+                part.tag,
+                done.status
+            );
+        }
+        let t = usize::from(part.tag);
+        if let Some(mut ticket) = self.tags[t].ticket.take() {
+            self.qos.on_part_done(now, &mut ticket, replica, done.dw1);
+            if ticket.is_read() && ok {
+                if let Some(c) = self.stats.replica_reads.get(replica) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            self.tags[t].ticket = Some(ticket);
+        }
+        let readable = self.readable();
+        self.fan.answered(part, ok, readable);
+        self.run(sink);
+    }
+
+    /// The part `req` stands for failed for good (its controller is lost
+    /// for longer than the policy allows, or a queue can never send it).
+    pub fn part_failed(&mut self, req: &Request<TagBuf>, sink: &mut impl PartSink) {
+        if let Some(part) = PartId::from_user_data(req.user_data) {
+            self.fan.failed(part);
+            self.run(sink);
+        }
+    }
+
+    /// Replica `replica`'s path is down and holds `held`: if the replica is
+    /// out of sync, its parts end here (writes recorded as missed, reads
+    /// moved to another replica) and `held` is emptied; else they wait
+    /// for the next connection.
+    pub fn drop_held_if_out(
+        &mut self,
+        now: Nanos,
+        replica: usize,
+        held: &mut VecDeque<Request<TagBuf>>,
+        sink: &mut impl PartSink,
+    ) {
+        if held.is_empty() || !self.is_out(replica) {
+            return;
+        }
+        let readable = self.readable();
+        for req in std::mem::take(held) {
+            if let Some(part) = PartId::from_user_data(req.user_data) {
+                debug_assert_eq!(usize::from(part.copy), replica);
+                self.fan.dropped(part, readable);
+            }
+        }
+        self.run(sink);
+        self.pump_if_queued(now, sink);
+    }
+
+    /// Replica `replica`'s path failed (its connection broke, or its
+    /// controller went down with requests waiting): tell the replica set.
+    pub fn path_failed(&self, replica: usize) {
+        if let Some(rep) = &self.replication {
+            if let Err(e) = rep.path_failed(replica) {
+                log::error!("{}: {e}", self.name);
+            }
+        }
+    }
+
+    fn finish(&mut self, tag: u16, ok: bool) {
+        let t = usize::from(tag);
+        debug_assert!(
+            self.tags[t]
+                .ticket
+                .is_none_or(|tk| tk.replicas().is_empty()),
+            "tag {tag} completed with QoS charges left"
+        );
+        self.tags[t] = TagState::default();
+        self.qos.on_request_done();
+        self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
+        if !ok {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        self.results[t] = Some(ok);
+        self.finished.push(tag);
+    }
+
+    /// Tag `tag`'s outcome, if known (once).
+    pub fn take_result(&mut self, tag: u16) -> Option<bool> {
+        self.results.get_mut(usize::from(tag))?.take()
+    }
+
+    /// Tags whose outcome became known since the last call (to wake
+    /// their tasks).
+    pub fn take_finished(&mut self) -> std::vec::Drain<'_, u16> {
+        self.finished.drain(..)
+    }
+}

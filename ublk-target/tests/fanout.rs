@@ -1,0 +1,532 @@
+//! A mirrored volume's requests end to end, in process: the same
+//! [`Requests`] core the engine runs (QoS stage, fan-out, the real intent
+//! log and replica set), with each replica an initiator queue core talking
+//! to a fake NVMe/TCP target in memory. Links are cut, and targets answer
+//! with errors, at chosen points of a request's life; the tests check what
+//! the volume answers, what every replica holds, and what the intent log
+//! recorded.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget, Fault, Trigger};
+use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
+use qos_core::priority::NvmeClass;
+use ublk_target::config::VolumeConfig;
+use ublk_target::intent_log::{Geometry, IntentLog, ReplicaSyncState};
+use ublk_target::qos::{LimitKind, QueueQos, VolumeQos};
+use ublk_target::replication::Replication;
+use ublk_target::requests::{PartSink, Requests, TagBuf};
+use ublk_target::volume::Stats;
+
+const HOST: &str = "nqn.2026-01.io.test:fanout-host";
+const BS: u32 = 512;
+/// Volume (and every namespace) size.
+const SIZE: u64 = 4 << 20;
+const DEPTH: u16 = 8;
+/// Bytes per test request.
+const IO: usize = 8192;
+
+/// One replica: its fake target and, while the link is up, the host's
+/// queue core and the target's end of the connection.
+struct Link {
+    target: Arc<FakeTarget>,
+    conn: Option<(Queue<TagBuf>, FakeConnection)>,
+    /// Requests waiting for a connection (as the engine's path holds
+    /// them).
+    held: VecDeque<Request<TagBuf>>,
+}
+
+/// The paths of every replica: the [`PartSink`] of these tests.
+struct Net {
+    links: Vec<Link>,
+    now: Instant,
+    /// Replicas whose controller the core asked to reset.
+    resets: Vec<usize>,
+}
+
+impl PartSink for Net {
+    fn send(&mut self, replica: usize, _class: NvmeClass, req: Request<TagBuf>) {
+        let link = &mut self.links[replica];
+        match link.conn.as_mut() {
+            Some((q, _)) => {
+                if let Err(rej) = q.submit(self.now, req) {
+                    link.held.push_back(rej.request);
+                }
+            }
+            None => link.held.push_back(req),
+        }
+    }
+
+    fn reset_replica(&mut self, replica: usize) {
+        self.resets.push(replica);
+    }
+}
+
+/// Admin Connect, then an I/O queue, against `t`, in memory.
+fn connect(t: &Arc<FakeTarget>, now: Instant) -> (Queue<TagBuf>, FakeConnection) {
+    let admin_cfg = QueueConfig::admin(HOST, [9; 16], &t.config().subnqn, 5000);
+    let mut admin: Queue<Vec<u8>> = Queue::new(admin_cfg.clone(), now);
+    let mut ac = t.connection();
+    exchange(&mut admin, &mut ac, now);
+    assert!(admin.is_live(), "admin queue up");
+    let mut io = QueueConfig::io(&admin_cfg, 1, admin.cntlid(), DEPTH * 2);
+    io.max_transfer_bytes = 1 << 20;
+    io.in_capsule_bytes = t.config().ioccsz * 16 - 64;
+    let mut q: Queue<TagBuf> = Queue::new(io, now);
+    let mut c = t.connection();
+    exchange(&mut q, &mut c, now);
+    assert!(
+        matches!(q.poll_event(), Some(Event::Connected { .. })),
+        "I/O queue up"
+    );
+    (q, c)
+}
+
+/// Move bytes both ways until both sides are quiet.
+fn exchange<B: AsRef<[u8]> + AsMut<[u8]>>(q: &mut Queue<B>, c: &mut FakeConnection, now: Instant) {
+    for _ in 0..1000 {
+        let mut out = Vec::new();
+        while q.poll_transmit(&mut out, 64 * 1024) > 0 {}
+        if !out.is_empty() {
+            c.handle_bytes(&out);
+        }
+        let back = c.take_output();
+        if !back.is_empty() {
+            q.handle_bytes(now, &back);
+        }
+        if out.is_empty() && back.is_empty() {
+            return;
+        }
+    }
+    panic!("exchange did not settle");
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..IO)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+/// A mirrored volume over `n` fake targets, every replica in sync.
+struct Rig {
+    req: Requests,
+    net: Net,
+    rep: Arc<Replication>,
+    /// Per tag: its I/O buffer (the ublk queue's, in the engine).
+    bufs: Vec<Box<[u8]>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    /// `faults[r]`: the fault replica r's target injects.
+    fn new(faults: &[Option<(Fault, Trigger)>]) -> Self {
+        let n = faults.len();
+        let dir = tempfile::tempdir().unwrap();
+        let mut toml = String::from("name = \"fan\"\n");
+        for r in 0..n {
+            toml += &format!(
+                "[[replica]]\naddress = \"127.0.0.1\"\nport = {}\nsubnqn = \"nqn.2026-01.io.test:r{r}\"\n",
+                4420 + r
+            );
+        }
+        toml += &format!(
+            "[qos]\ncredits = \"off\"\n[replication]\nread_policy = \"primary\"\nregion_size = \"1m\"\nbitmap_dir = \"{}\"\n",
+            dir.path().display()
+        );
+        let mut cfg = VolumeConfig::parse(Path::new("fan.toml"), &toml).expect("config");
+        // A short fence, so a test can wait for a replica to return.
+        cfg.keep_alive = Duration::from_millis(10);
+        cfg.io_timeout = Duration::from_millis(10);
+        let ids: Vec<String> = (0..n).map(|r| format!("r{r} nsid 1")).collect();
+        all_in_sync(&cfg, &ids);
+        let rep = Arc::new(Replication::open(&cfg, &ids, SIZE, false).expect("replication"));
+        assert!(rep.status().iter().all(|s| s.state == "in-sync"));
+        let now = Instant::now();
+        let links = faults
+            .iter()
+            .enumerate()
+            .map(|(r, &fault)| {
+                let target = FakeTarget::new(FakeConfig {
+                    subnqn: format!("nqn.2026-01.io.test:r{r}"),
+                    blocks: SIZE / u64::from(BS),
+                    block_size: BS,
+                    fault,
+                    ..FakeConfig::default()
+                });
+                let conn = Some(connect(&target, now));
+                Link {
+                    target,
+                    conn,
+                    held: VecDeque::new(),
+                }
+            })
+            .collect();
+        let shared = Arc::new(VolumeQos::new(&cfg.qos, 1));
+        let qos = QueueQos::replicated(
+            shared,
+            0,
+            cfg.priority.arbiter(),
+            n,
+            cfg.replication.read_policy,
+        );
+        let req = Requests::new(
+            cfg.name.clone(),
+            vec![1; n],
+            Some(Arc::clone(&rep)),
+            Arc::new(Stats::default()),
+            qos,
+            DEPTH,
+        );
+        Rig {
+            req,
+            net: Net {
+                links,
+                now,
+                resets: Vec::new(),
+            },
+            rep,
+            bufs: (0..DEPTH)
+                .map(|_| vec![0u8; IO].into_boxed_slice())
+                .collect(),
+            _dir: dir,
+        }
+    }
+
+    fn now(&self) -> qos_core::Nanos {
+        self.req.now(self.net.now)
+    }
+
+    /// A write of `data` at byte `at` on tag `tag` (sent, not yet pumped).
+    fn write(&mut self, tag: u16, at: u64, data: &[u8]) {
+        let b = &mut self.bufs[usize::from(tag)];
+        b.copy_from_slice(data);
+        let cmd = Command::Write {
+            nsid: 1,
+            slba: at / u64::from(BS),
+            block_size: BS,
+            fua: false,
+        };
+        // SAFETY: the buffer outlives the request (the rig owns both) and
+        // the test touches it only after the tag completed.
+        let buf = Some(unsafe { TagBuf::exclusive(b.as_mut_ptr(), b.len()) });
+        let now = self.now();
+        self.req.submit(
+            now,
+            tag,
+            cmd,
+            buf,
+            LimitKind::Write,
+            IO as u64,
+            NvmeClass::Medium,
+            Some(at..at + IO as u64),
+            &mut self.net,
+        );
+    }
+
+    /// A read of `IO` bytes at `at` on tag `tag`.
+    fn read(&mut self, tag: u16, at: u64) {
+        let b = &mut self.bufs[usize::from(tag)];
+        b.fill(0);
+        let cmd = Command::Read {
+            nsid: 1,
+            slba: at / u64::from(BS),
+            block_size: BS,
+        };
+        // SAFETY: the buffer outlives the request (the rig owns both) and
+        // the test touches it only after the tag completed.
+        let buf = Some(unsafe { TagBuf::exclusive(b.as_mut_ptr(), b.len()) });
+        let now = self.now();
+        self.req.submit(
+            now,
+            tag,
+            cmd,
+            buf,
+            LimitKind::Read,
+            IO as u64,
+            NvmeClass::Medium,
+            None,
+            &mut self.net,
+        );
+    }
+
+    /// Move bytes on every live link and hand completions to the core
+    /// until nothing moves.
+    fn pump(&mut self) {
+        for _ in 0..1000 {
+            let mut moved = false;
+            for r in 0..self.net.links.len() {
+                let now = self.net.now;
+                let Some((q, c)) = self.net.links[r].conn.as_mut() else {
+                    continue;
+                };
+                let mut out = Vec::new();
+                while q.poll_transmit(&mut out, 64 * 1024) > 0 {}
+                if !out.is_empty() {
+                    c.handle_bytes(&out);
+                    moved = true;
+                }
+                let back = c.take_output();
+                if !back.is_empty() {
+                    q.handle_bytes(now, &back);
+                    moved = true;
+                }
+                let mut events = Vec::new();
+                while let Some(e) = q.poll_event() {
+                    events.push(e);
+                }
+                for e in events {
+                    match e {
+                        Event::Completed(done) => {
+                            let qnow = self.now();
+                            self.req.on_completion(qnow, r, &done, &mut self.net);
+                        }
+                        Event::Failed(_) => self.cut(r),
+                        Event::Connected { .. } => {}
+                    }
+                    moved = true;
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("pump did not settle");
+    }
+
+    /// Replica `r`'s connection breaks (as the engine's `on_failure`): its
+    /// unfinished parts are held, the replica set hears of it, and an
+    /// out-of-sync replica's parts end.
+    fn cut(&mut self, r: usize) {
+        let Some((mut q, _)) = self.net.links[r].conn.take() else {
+            return;
+        };
+        q.close();
+        let mut held: VecDeque<_> = q.take_unfinished().into();
+        held.extend(self.net.links[r].held.drain(..));
+        self.req.path_failed(r);
+        let now = self.now();
+        self.req.drop_held_if_out(now, r, &mut held, &mut self.net);
+        held.extend(self.net.links[r].held.drain(..));
+        self.net.links[r].held = held;
+    }
+
+    /// Replica `r` connects again (once the replica set allows it) and
+    /// its held parts go out.
+    fn reconnect(&mut self, r: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.rep.may_connect(r) {
+            assert!(Instant::now() < deadline, "replica {r} never allowed back");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let now = self.net.now;
+        let target = Arc::clone(&self.net.links[r].target);
+        self.net.links[r].conn = Some(connect(&target, now));
+        for req in std::mem::take(&mut self.net.links[r].held) {
+            self.net.send(r, NvmeClass::Medium, req);
+        }
+    }
+
+    fn result(&mut self, tag: u16) -> Option<bool> {
+        self.req.take_result(tag)
+    }
+
+    fn holds(&self, r: usize, at: u64, data: &[u8]) -> bool {
+        let d = self.net.links[r].target.data();
+        &d[at as usize..at as usize + data.len()] == data
+    }
+
+    fn state(&self, r: usize) -> String {
+        self.rep.status()[r].state.clone()
+    }
+}
+
+/// A log recording every replica in sync after a clean stop.
+fn all_in_sync(cfg: &VolumeConfig, ids: &[String]) {
+    let geo = Geometry {
+        volume_name: cfg.name.clone(),
+        volume_size: SIZE,
+        region_size: cfg.replication.region_size,
+    };
+    let path = cfg.replication.bitmap_path(&cfg.name);
+    let (mut log, _) = IntentLog::open_or_create(&path, &geo, ids).unwrap();
+    for r in 1..ids.len() {
+        log.clear_all(r).unwrap();
+        log.set_state(r, ReplicaSyncState::InSync).unwrap();
+    }
+    log.mark_clean_shutdown().unwrap();
+    log.sync().unwrap();
+}
+
+#[test]
+fn a_write_lands_on_every_replica_and_reads_back() {
+    let mut rig = Rig::new(&[None, None, None]);
+    let data = pattern(1);
+    rig.write(0, 0, &data);
+    rig.pump();
+    assert_eq!(rig.result(0), Some(true));
+    for r in 0..3 {
+        assert!(rig.holds(r, 0, &data), "replica {r}");
+    }
+    rig.read(1, 0);
+    rig.pump();
+    assert_eq!(rig.result(1), Some(true));
+    assert_eq!(&rig.bufs[1][..], &data[..]);
+    assert_eq!(rig.req.fan_out().active(), 0);
+}
+
+#[test]
+fn replica_lost_mid_write_completes_on_the_others_and_is_recorded() {
+    let mut rig = Rig::new(&[None, None, None]);
+    let data = pattern(2);
+    rig.write(0, 1 << 20, &data);
+    // The parts are on the queues; replica 1's link breaks before its
+    // target sees anything.
+    rig.cut(1);
+    assert_eq!(rig.state(1), "fencing", "out of sync at once");
+    assert!(
+        rig.rep.status()[1].dirty_regions >= 1,
+        "the missed write is recorded before any answer"
+    );
+    assert_eq!(rig.result(0), None, "the others have not answered");
+    rig.pump();
+    assert_eq!(rig.result(0), Some(true));
+    assert!(rig.holds(0, 1 << 20, &data) && rig.holds(2, 1 << 20, &data));
+    assert!(!rig.holds(1, 1 << 20, &data), "replica 1 never got it");
+    // Writes now go to the in-sync replicas only, recorded for replica 1.
+    let more = pattern(3);
+    rig.write(1, 2 << 20, &more);
+    rig.pump();
+    assert_eq!(rig.result(1), Some(true));
+    assert!(rig.rep.status()[1].dirty_regions >= 2);
+}
+
+#[test]
+fn error_status_on_one_part_takes_that_replica_out() {
+    let mut rig = Rig::new(&[None, Some((Fault::ErrorStatus, Trigger::NthIo(0))), None]);
+    let data = pattern(4);
+    rig.write(0, 0, &data);
+    rig.pump();
+    assert_eq!(rig.result(0), Some(true), "held by the two others");
+    assert_eq!(rig.net.resets, vec![1], "its controller is reset");
+    assert_ne!(rig.state(1), "in-sync");
+    assert!(rig.rep.status()[1].dirty_regions >= 1);
+    assert!(rig.holds(0, 0, &data) && rig.holds(2, 0, &data));
+}
+
+#[test]
+fn error_status_on_the_only_replica_fails_the_write() {
+    let mut rig = Rig::new(&[Some((Fault::ErrorStatus, Trigger::NthIo(0))), None]);
+    rig.cut(1);
+    rig.write(0, 0, &pattern(5));
+    rig.pump();
+    assert_eq!(rig.result(0), Some(false), "nowhere holds it");
+    assert_eq!(rig.state(0), "in-sync", "the last in-sync replica stays so");
+}
+
+#[test]
+fn read_is_retried_on_another_replica_after_an_error() {
+    // Replica 0 (the primary, so reads go there) fails its second I/O:
+    // the read after the write.
+    let mut rig = Rig::new(&[Some((Fault::ErrorStatus, Trigger::NthIo(1))), None]);
+    let data = pattern(6);
+    rig.write(0, 0, &data);
+    rig.pump();
+    assert_eq!(rig.result(0), Some(true));
+    rig.read(1, 0);
+    rig.pump();
+    assert_eq!(rig.result(1), Some(true));
+    assert_eq!(&rig.bufs[1][..], &data[..], "read from replica 1");
+    assert_eq!(rig.state(0), "in-sync", "a failed read changes no replica");
+}
+
+#[test]
+fn read_on_a_dropped_replica_moves_to_another() {
+    let mut rig = Rig::new(&[None, None]);
+    let data = pattern(7);
+    rig.write(0, 0, &data);
+    rig.pump();
+    rig.read(1, 0);
+    // The read sits on replica 0's queue; its link breaks.
+    rig.cut(0);
+    rig.pump();
+    assert_eq!(rig.result(1), Some(true));
+    assert_eq!(&rig.bufs[1][..], &data[..]);
+}
+
+#[test]
+fn last_in_sync_replica_holds_io_until_it_returns() {
+    let mut rig = Rig::new(&[None, None]);
+    rig.cut(1);
+    let data = pattern(8);
+    rig.write(0, 0, &data);
+    rig.read(1, 0);
+    // Replica 0, the last in sync, goes down with both parts on it.
+    rig.cut(0);
+    rig.pump();
+    assert_eq!(rig.result(0), None, "held, not failed");
+    assert_eq!(rig.result(1), None, "held, not failed");
+    assert_eq!(rig.state(0), "in-sync");
+    assert_eq!(rig.req.fan_out().active(), 2);
+    rig.reconnect(0);
+    rig.pump();
+    assert_eq!(rig.result(0), Some(true));
+    assert_eq!(rig.result(1), Some(true));
+    assert!(rig.holds(0, 0, &data));
+    assert_eq!(rig.req.fan_out().stale_events(), 0);
+}
+
+#[test]
+fn many_requests_survive_a_replica_loss_between_any_two_steps() {
+    // Eight writes of distinct data in flight; replica 2 is cut after
+    // the first `k` link exchanges, for every k until all completed.
+    for k in 0..6 {
+        let mut rig = Rig::new(&[None, None, None]);
+        for tag in 0..DEPTH {
+            rig.write(tag, u64::from(tag) * IO as u64, &pattern(tag as u8 + 10));
+        }
+        for _ in 0..k {
+            // One exchange per link.
+            let once = |rig: &mut Rig| {
+                for r in 0..3 {
+                    let now = rig.net.now;
+                    if let Some((q, c)) = rig.net.links[r].conn.as_mut() {
+                        let mut out = Vec::new();
+                        while q.poll_transmit(&mut out, 4096) > 0 {}
+                        c.handle_bytes(&out);
+                        let back = c.take_output();
+                        q.handle_bytes(now, &back);
+                        let mut ev = Vec::new();
+                        while let Some(e) = q.poll_event() {
+                            ev.push(e);
+                        }
+                        for e in ev {
+                            if let Event::Completed(d) = e {
+                                let qn = rig.now();
+                                rig.req.on_completion(qn, r, &d, &mut rig.net);
+                            }
+                        }
+                    }
+                }
+            };
+            once(&mut rig);
+        }
+        rig.cut(2);
+        rig.pump();
+        for tag in 0..DEPTH {
+            assert_eq!(rig.result(tag), Some(true), "k {k} tag {tag}");
+            let at = u64::from(tag) * IO as u64;
+            let data = pattern(tag as u8 + 10);
+            assert!(rig.holds(0, at, &data) && rig.holds(1, at, &data));
+            if !rig.holds(2, at, &data) {
+                assert!(
+                    rig.rep.status()[2].dirty_regions >= 1,
+                    "k {k}: missed, not recorded"
+                );
+            }
+        }
+        assert_eq!(rig.req.fan_out().active(), 0);
+    }
+}
