@@ -18,11 +18,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{TargetSpec, VolumeConfig};
 use crate::error::Error;
-use crate::intent_log::replica_identity;
-use crate::mapping::Geometry;
-use crate::priority::{class_name, PriorityConfig, Source};
+use crate::io::mapping::Geometry;
+use crate::qos::priority::{class_name, PriorityConfig, Source};
 use crate::qos::{QosSnapshot, VolumeQos};
-use crate::replicas::{check_same_geometry, ReplicaGeometry};
+use crate::replication::health::{check_same_geometry, ReplicaGeometry};
+use crate::replication::intent_log::replica_identity;
 use crate::replication::{ReplicaStatus, Replication};
 
 /// Counters of a volume (all queues), cheap to update from queue threads.

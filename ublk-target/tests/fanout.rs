@@ -15,10 +15,10 @@ use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget, Fault,
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
 use ublk_target::config::VolumeConfig;
-use ublk_target::intent_log::{Geometry, IntentLog, ReplicaSyncState};
+use ublk_target::io::requests::{PartSink, Requests, TagBuf};
 use ublk_target::qos::{LimitKind, QueueQos, VolumeQos};
+use ublk_target::replication::intent_log::{Geometry, IntentLog, ReplicaSyncState};
 use ublk_target::replication::Replication;
-use ublk_target::requests::{PartSink, Requests, TagBuf};
 use ublk_target::volume::Stats;
 
 const HOST: &str = "nqn.2026-01.io.test:fanout-host";

@@ -2,7 +2,7 @@
 //! state machine: events in (a part answered, a part will never be
 //! answered, an intent-log record was made), [`Action`]s out (send a part,
 //! record what a replica missed, complete the tag). The engine
-//! ([`crate::engine`]) feeds it and carries the actions out; it decides
+//! ([`crate::io::engine`]) feeds it and carries the actions out; it decides
 //! nothing about a request's parts on its own.
 //!
 //! # Requests, pieces, copies, parts

@@ -47,11 +47,11 @@ use std::time::{Duration, Instant};
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
 
-use crate::fanout::PartId;
-use crate::priority::{class_name, connect_class};
+use crate::io::fanout::PartId;
+pub use crate::io::requests::TagBuf;
+use crate::io::requests::{PartSink, Requests};
+use crate::qos::priority::{class_name, connect_class};
 use crate::qos::{LimitKind, QueueQos};
-pub use crate::requests::TagBuf;
-use crate::requests::{PartSink, Requests};
 use crate::volume::{Stats, Volume};
 
 /// NVMe priority classes: a replica has a path entry per class.

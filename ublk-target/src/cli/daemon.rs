@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use ublk_target::config::{persistent_host_identity, VolumeConfig};
+use ublk_target::control::state::{self, DeviceState};
+use ublk_target::io::ublk::{self, DevState, Serve};
 use ublk_target::replication::Copier;
-use ublk_target::state::{self, DeviceState};
-use ublk_target::ublk::{self, DevState, Serve};
 use ublk_target::volume::Volume;
 
 use demo_target::DemoTarget;
@@ -187,7 +187,7 @@ impl DeviceLive {
         {
             log::error!("control socket: {e}");
         }
-        let _ = ublk_target::notify::notify(&format!("READY=1\nSTATUS=serving {device}"));
+        let _ = ublk_target::control::notify::notify(&format!("READY=1\nSTATUS=serving {device}"));
         if self.announce {
             println!("{device}");
         }
@@ -300,7 +300,7 @@ fn shut_down(vol: &Volume, dir: &Path, served_ok: bool) {
 /// CAP_BPF/CAP_PERFMON).
 pub fn open_priority(config: &VolumeConfig) -> ublk_target::volume::Priority {
     use ioprio_channel::{Mode, Options, PriorityChannel};
-    use ublk_target::priority::Source;
+    use ublk_target::qos::priority::Source;
     let pc = config.priority;
     if pc.source == Source::Fixed {
         return ublk_target::volume::Priority::new(pc, None, String::new());
@@ -319,7 +319,7 @@ pub fn open_priority(config: &VolumeConfig) -> ublk_target::volume::Priority {
         log::warn!(
             "volume {}: ioprio side channel unavailable ({why}); every request uses class {}",
             config.name,
-            ublk_target::priority::class_name(pc.class)
+            ublk_target::qos::priority::class_name(pc.class)
         );
     } else {
         log::info!("volume {}: ioprio side channel loaded", config.name);

@@ -1,6 +1,6 @@
 //! The running side of a replicated volume: the replicas' health
-//! ([`crate::replicas`]), the write-intent log ([`crate::intent_log`]) and
-//! the resync of a returning replica ([`crate::resync`]) behind one lock,
+//! ([`crate::replication::health`]), the write-intent log ([`crate::replication::intent_log`]) and
+//! the resync of a returning replica ([`crate::replication::resync`]) behind one lock,
 //! shared by the volume's queue threads and its manager thread.
 //!
 //! What the engine does with it, per request:
@@ -41,6 +41,10 @@
 //! - A log created now (first start of the volume) takes replica 0 as the
 //!   source: the other replicas get a full copy, as md's initial resync.
 
+pub mod health;
+pub mod intent_log;
+pub mod resync;
+
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -52,10 +56,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::VolumeConfig;
 use crate::error::Error;
-use crate::intent_log::{self, IntentLog, Opened, ReplicaSyncState, SyncEpoch};
 use crate::qos::Route;
-use crate::replicas::{FailOutcome, FenceTimes, ReplicaHealth, ReplicaState};
-use crate::resync::{CopyJob, CopyResult, Next, ResyncConfig, ResyncPlanner};
+use health::{FailOutcome, FenceTimes, ReplicaHealth, ReplicaState};
+use intent_log::{IntentLog, Opened, ReplicaSyncState, SyncEpoch};
+use resync::{CopyJob, CopyResult, Next, ResyncConfig, ResyncPlanner};
 
 /// Largest resync copy: one command's worth on every target we know
 /// (MDTS is at least 128 KiB on gimbal-target and nvmet).
@@ -549,7 +553,7 @@ impl Replication {
             if matches!(st.health.state(r), Ok(ReplicaState::Failed { .. }))
                 && ctrls.get(r).is_some_and(|c| c.ctrl.is_live())
             {
-                if let Ok(crate::replicas::Reconnected::StartResync) =
+                if let Ok(crate::replication::health::Reconnected::StartResync) =
                     st.health.on_path_reconnected(r, now)
                 {
                     let dirty: Vec<u64> = st.log.dirty_regions(r).collect();

@@ -184,7 +184,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mapping::Geometry;
+    use crate::io::mapping::Geometry;
 
     fn st(volume: &str, dev_id: u32) -> DeviceState {
         DeviceState {

@@ -5,7 +5,7 @@
 //! replication state (intent log, replica health) and a [`PartSink`] that
 //! puts NVMe requests on paths.
 //!
-//! The engine ([`crate::engine`]) is one `PartSink` (io_uring sockets, one
+//! The engine ([`crate::io::engine`]) is one `PartSink` (io_uring sockets, one
 //! path per replica and class); the in-process tests
 //! (`tests/fanout.rs`) are another (initiator queue cores talking to fake
 //! targets in memory), so everything a request's parts do is tested
@@ -21,7 +21,7 @@ use nvmf_initiator::{Command, Completion, Request};
 use qos_core::priority::NvmeClass;
 use qos_core::{Nanos, ReplicaSet};
 
-use crate::fanout::{Action, FanOut, Op, PartId, PieceSpec};
+use crate::io::fanout::{Action, FanOut, Op, PartId, PieceSpec};
 use crate::qos::{LimitKind, QueueQos, Route, Ticket};
 use crate::replication::Replication;
 use crate::volume::Stats;

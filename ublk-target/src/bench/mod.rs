@@ -10,14 +10,16 @@
 //! at once, and a final pass reads back everything. Any I/O error, NVMe
 //! error status or mismatch is counted and makes the run fail.
 
+pub mod histogram;
+
 use std::time::{Duration, Instant};
 
 use nvmf_initiator::blocking::{Controller, IoCompletion, IoQueue};
 use nvmf_initiator::{Command, Request};
 use nvmf_proto::fabrics::PriorityClass;
 
+use crate::bench::histogram::Histogram;
 use crate::error::Error;
-use crate::histogram::Histogram;
 
 /// The access pattern (`--rw`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -41,7 +41,7 @@
 //!    reads would alternate between old and new data. The wait is paid
 //!    once per region per degradation: later writes to the region find
 //!    the bit set and durable.
-//! 4. Resync ([`crate::resync`]) walks [`IntentLog::dirty_regions`] and
+//! 4. Resync ([`crate::replication::resync`]) walks [`IntentLog::dirty_regions`] and
 //!    [`IntentLog::clear`]s each region it copied; when none is left,
 //!    [`IntentLog::set_state`] (`InSync`).
 //! 5. Orderly shutdown: [`IntentLog::close_clean`].

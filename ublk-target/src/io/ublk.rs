@@ -3,7 +3,7 @@
 //! one async task per tag on the queue's io_uring, and the `uring_op` the
 //! I/O engine submits its socket operations with.
 //!
-//! Per tag: FETCH, then loop { map the descriptor ([`crate::mapping`]),
+//! Per tag: FETCH, then loop { map the descriptor ([`crate::io::mapping`]),
 //! hand the command to the queue's [`Engine`], await its outcome, COMMIT
 //! the result and fetch the next request }.
 
@@ -21,9 +21,9 @@ use libublk::helpers::IoBuf;
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{BufDesc, UblkError, UblkFlags, UblkUringData};
 
-use crate::engine::{self, Engine, TagBuf, TagWait};
 use crate::error::Error;
-use crate::mapping::{self, DeviceParams, Op, Plan, ReqFlags};
+use crate::io::engine::{self, Engine, TagBuf, TagWait};
+use crate::io::mapping::{self, DeviceParams, Op, Plan, ReqFlags};
 use crate::qos::LimitKind;
 use crate::volume::Volume;
 use qos_core::priority::NvmeClass;

@@ -41,6 +41,8 @@
 //!   does not count them either) but take a credit: they occupy the
 //!   target like any command.
 
+pub mod priority;
+
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

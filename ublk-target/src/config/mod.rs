@@ -22,7 +22,7 @@
 //! [qos]                   # see crate::qos
 //! credits = "auto"        # auto | target | estimate | off
 //! riops = 2000            # io.max names: riops wiops rbps wbps, *_burst
-//! [priority]              # see crate::priority
+//! [priority]              # see crate::qos::priority
 //! source = "ionice"       # ionice | fixed
 //! arbitration = "drr"     # auto | wrr | drr
 //! high_weight = 4
@@ -64,7 +64,7 @@ use toml::Spanned;
 
 use qos_core::replica::ReplicaPolicy;
 
-use crate::priority::{parse_class, Mechanism, PriorityConfig, Source};
+use crate::qos::priority::{parse_class, Mechanism, PriorityConfig, Source};
 use crate::qos::{parse_amount, parse_mode, QosConfig};
 
 /// A parsed, checked volume configuration.
