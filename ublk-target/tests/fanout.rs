@@ -7,6 +7,7 @@
 //! recorded.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget, Fault,
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
 use ublk_target::config::VolumeConfig;
-use ublk_target::io::requests::{PartSink, Requests, TagBuf};
+use ublk_target::io::requests::{PartSink, Requests, Submission, TagBuf};
 use ublk_target::qos::{LimitKind, QueueQos, VolumeQos};
 use ublk_target::replication::intent_log::{Geometry, IntentLog, ReplicaSyncState};
 use ublk_target::replication::Replication;
@@ -201,55 +202,43 @@ impl Rig {
 
     /// A write of `data` at byte `at` on tag `tag` (sent, not yet pumped).
     fn write(&mut self, tag: u16, at: u64, data: &[u8]) {
-        let b = &mut self.bufs[usize::from(tag)];
-        b.copy_from_slice(data);
+        self.bufs[usize::from(tag)].copy_from_slice(data);
         let cmd = Command::Write {
             nsid: 1,
             slba: at / u64::from(BS),
             block_size: BS,
             fua: false,
         };
-        // SAFETY: the buffer outlives the request (the rig owns both) and
-        // the test touches it only after the tag completed.
-        let buf = Some(unsafe { TagBuf::exclusive(b.as_mut_ptr(), b.len()) });
-        let now = self.now();
-        self.req.submit(
-            now,
-            tag,
-            cmd,
-            buf,
-            LimitKind::Write,
-            IO as u64,
-            NvmeClass::Medium,
-            Some(at..at + IO as u64),
-            &mut self.net,
-        );
+        self.submit(tag, cmd, LimitKind::Write, Some(at..at + IO as u64));
     }
 
     /// A read of `IO` bytes at `at` on tag `tag`.
     fn read(&mut self, tag: u16, at: u64) {
-        let b = &mut self.bufs[usize::from(tag)];
-        b.fill(0);
+        self.bufs[usize::from(tag)].fill(0);
         let cmd = Command::Read {
             nsid: 1,
             slba: at / u64::from(BS),
             block_size: BS,
         };
+        self.submit(tag, cmd, LimitKind::Read, None);
+    }
+
+    fn submit(&mut self, tag: u16, command: Command, kind: LimitKind, write: Option<Range<u64>>) {
+        let b = &mut self.bufs[usize::from(tag)];
         // SAFETY: the buffer outlives the request (the rig owns both) and
         // the test touches it only after the tag completed.
         let buf = Some(unsafe { TagBuf::exclusive(b.as_mut_ptr(), b.len()) });
         let now = self.now();
-        self.req.submit(
-            now,
+        let s = Submission {
             tag,
-            cmd,
+            command,
             buf,
-            LimitKind::Read,
-            IO as u64,
-            NvmeClass::Medium,
-            None,
-            &mut self.net,
-        );
+            kind,
+            bytes: IO as u64,
+            class: NvmeClass::Medium,
+            write,
+        };
+        self.req.submit(now, s, &mut self.net);
     }
 
     /// Move bytes on every live link and hand completions to the core

@@ -35,7 +35,6 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -44,14 +43,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
+use nvmf_initiator::{Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
 
 use crate::io::fanout::PartId;
 pub use crate::io::requests::TagBuf;
-use crate::io::requests::{PartSink, Requests};
+use crate::io::requests::{PartSink, Requests, Submission};
 use crate::qos::priority::{class_name, connect_class};
-use crate::qos::{LimitKind, QueueQos};
+use crate::qos::QueueQos;
 use crate::volume::{Stats, Volume};
 
 /// NVMe priority classes: a replica has a path entry per class.
@@ -316,25 +315,12 @@ impl Engine {
         )
     }
 
-    /// Queue a request for tag `tag` (its buffer, if data travels, is
-    /// `buf`): `kind` and `bytes` are what the rate limiter charges,
-    /// `class` its NVMe priority class, `write` the volume bytes a write,
-    /// discard or write-zeroes changes.
-    #[allow(clippy::too_many_arguments)]
-    pub fn submit(
-        &mut self,
-        tag: u16,
-        command: Command,
-        buf: Option<TagBuf>,
-        kind: LimitKind,
-        bytes: u64,
-        class: NvmeClass,
-        write: Option<Range<u64>>,
-    ) {
+    /// Queue request `s`; what may go now is sent.
+    pub fn submit(&mut self, s: Submission) {
         let at = Instant::now();
         let now = self.requests.now(at);
         let (req, mut sink) = self.split(at);
-        req.submit(now, tag, command, buf, kind, bytes, class, write, &mut sink);
+        req.submit(now, s, &mut sink);
         self.after_requests();
     }
 

@@ -110,6 +110,26 @@ pub trait PartSink {
     fn reset_replica(&mut self, replica: usize);
 }
 
+/// A request as the ublk adapter hands it over.
+pub struct Submission {
+    /// The ublk tag.
+    pub tag: u16,
+    /// The NVMe command that serves it (namespace set per replica).
+    pub command: Command,
+    /// The tag's buffer, when data travels (the exclusive view: the
+    /// requests make each part's view from it).
+    pub buf: Option<TagBuf>,
+    /// What the rate limiter charges it as.
+    pub kind: LimitKind,
+    /// Bytes the rate limiter charges.
+    pub bytes: u64,
+    /// Its NVMe priority class.
+    pub class: NvmeClass,
+    /// The volume bytes a write, discard or write-zeroes changes (what the
+    /// intent log records); `None` for reads and flushes.
+    pub write: Option<Range<u64>>,
+}
+
 /// A request between the ublk tag and its NVMe commands: what the QoS
 /// stage holds, and what each part's command is built from.
 #[derive(Clone)]
@@ -230,23 +250,17 @@ impl Requests {
         &self.fan
     }
 
-    /// Queue a request for tag `tag`: `kind` and `bytes` are what the
-    /// rate limiter charges, `class` its NVMe priority class, `write` the
-    /// volume bytes a write, discard or write-zeroes changes. Sends what
-    /// may go now.
-    #[allow(clippy::too_many_arguments)]
-    pub fn submit(
-        &mut self,
-        now: Nanos,
-        tag: u16,
-        command: Command,
-        buf: Option<TagBuf>,
-        kind: LimitKind,
-        bytes: u64,
-        class: NvmeClass,
-        write: Option<Range<u64>>,
-        sink: &mut impl PartSink,
-    ) {
+    /// Queue request `s`; send what may go now.
+    pub fn submit(&mut self, now: Nanos, s: Submission, sink: &mut impl PartSink) {
+        let Submission {
+            tag,
+            command,
+            buf,
+            kind,
+            bytes,
+            class,
+            write,
+        } = s;
         debug_assert!(!self.fan.is_active(tag), "tag {tag} reused while active");
         self.stats.inflight.fetch_add(1, Ordering::Relaxed);
         let t = usize::from(tag);

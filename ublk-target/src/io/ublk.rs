@@ -24,6 +24,7 @@ use libublk::{BufDesc, UblkError, UblkFlags, UblkUringData};
 use crate::error::Error;
 use crate::io::engine::{self, Engine, TagBuf, TagWait};
 use crate::io::mapping::{self, DeviceParams, Op, Plan, ReqFlags};
+use crate::io::requests::Submission;
 use crate::qos::LimitKind;
 use crate::volume::Volume;
 use qos_core::priority::NvmeClass;
@@ -333,15 +334,15 @@ async fn tag_task(
                 let start = iod.start_sector << 9;
                 let write = matches!(op, Op::Write | Op::Discard | Op::WriteZeroes)
                     .then(|| start..start + (u64::from(nr_sectors) << 9));
-                engine.borrow_mut().submit(
+                engine.borrow_mut().submit(Submission {
                     tag,
                     command,
-                    data,
+                    buf: data,
                     kind,
-                    u64::from(nr_sectors) << 9,
-                    nvme_class,
+                    bytes: u64::from(nr_sectors) << 9,
+                    class: nvme_class,
                     write,
-                );
+                });
                 let ok = TagWait {
                     engine: Rc::clone(engine),
                     tag,
