@@ -170,20 +170,15 @@ fn source_code(s: WindowSource) -> u8 {
     }
 }
 
-/// Parse a number with an optional binary suffix (`k`, `m`, `g`: 2^10,
-/// 2^20, 2^30, as cgroup tools accept them), or `max` (= 0, unlimited).
+/// Parse a limit: `max` (= 0, unlimited), or a number in the one size
+/// grammar both binaries use ([`config_diag::parse_size`]: binary suffixes
+/// `k`, `m`, `g`, `t`, optionally with `iB`, as cgroup tools accept them).
 pub fn parse_amount(s: &str) -> Option<u64> {
     let s = s.trim();
     if s == "max" {
         return Some(0);
     }
-    let (num, mult) = match s.char_indices().last()? {
-        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
-        (i, 'm' | 'M') => (&s[..i], 1 << 20),
-        (i, 'g' | 'G') => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult)
+    config_diag::parse_size(s).ok()
 }
 
 /// Apply `key=value` settings (`riops`, `wiops`, `rbps`, `wbps`, their
@@ -921,6 +916,17 @@ mod tests {
     use super::*;
     use qos_core::credit::encode_credit_dw1;
     use std::collections::VecDeque;
+
+    #[test]
+    fn limits_use_the_shared_size_grammar() {
+        assert_eq!(parse_amount("max"), Some(0));
+        assert_eq!(parse_amount("2000"), Some(2000));
+        assert_eq!(parse_amount("100m"), Some(100 << 20));
+        assert_eq!(parse_amount("1G"), Some(1 << 30));
+        assert_eq!(parse_amount("64KiB"), Some(64 << 10));
+        assert_eq!(parse_amount("fast"), None);
+        assert_eq!(parse_amount("99999999999999g"), None);
+    }
 
     fn stage(cfg: QosConfig, queues: u16, qid: u16) -> QueueQos<u32> {
         QueueQos::new(
