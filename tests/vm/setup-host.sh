@@ -9,13 +9,14 @@ set -euo pipefail
 #   busybox-static            the guest's init, shell and coreutils
 #   cpio xz-utils zstd kmod   building the initramfs (depmod, .ko.xz decompression)
 #   fio e2fsprogs nvme-cli    the tools the scenarios run inside the guest
+#   dmsetup                   dm-log-writes marks and tables (crash-consistency)
 #   libclang-dev clang        libublk's -sys crate runs bindgen at build time
 #   iperf3                    loopback network baseline for benchmarks
 #   systemd                   `systemd-analyze verify` of the shipped units
 #   libbpf-dev bpftool        building and inspecting the ionice side channel (BPF)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
-    fio e2fsprogs nvme-cli libclang-dev clang iperf3 systemd
+    fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
     libbpf-dev bpftool
 )
 
