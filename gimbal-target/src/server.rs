@@ -9,6 +9,13 @@
 //! commands, waits (bounded) for the commands it already accepted to
 //! complete and be sent, then closes; finally every backend is flushed, so
 //! an acknowledged write is durable once the process exits.
+//!
+//! Shutdown is bounded whatever hosts do: connections get
+//! `timeouts.shutdown_ms` (default 10 s) in all to finish; a host that does
+//! not read its socket cannot stretch that (its sends time out, and what is
+//! left is dropped with the runtime). Then the backends flush, and the
+//! runtime gets [`RUNTIME_STOP`] to end its threads. So SIGTERM ends the
+//! process within `shutdown_ms` + the backends' flush + 1 s.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +27,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::TargetConfig;
 use crate::frontend::target::Target;
+use crate::limited;
+
+/// How long a stopped runtime waits for its tasks and blocking threads
+/// (anything still running after the shutdown grace) before it is left
+/// behind.
+pub const RUNTIME_STOP: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A target running on background threads. Dropping it shuts it down.
 #[derive(Debug)]
@@ -99,14 +112,36 @@ async fn serve(target: Arc<Target>, listeners: Vec<TcpListener>) -> std::io::Res
             loop {
                 tokio::select! {
                     r = l.accept() => match r {
-                        Ok((stream, _)) => {
-                            target.connections_accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            tracker2.spawn(crate::frontend::connection::serve(stream, target.clone()));
+                        Ok((stream, peer)) => {
+                            use std::sync::atomic::Ordering;
+                            target.connections_accepted.fetch_add(1, Ordering::Relaxed);
+                            let max = target.config.limits.max_connections as usize;
+                            if target.connections_live.fetch_add(1, Ordering::AcqRel) >= max {
+                                target.connections_live.fetch_sub(1, Ordering::AcqRel);
+                                limited!(
+                                    target.log_limiter,
+                                    log::Level::Warn,
+                                    "too-many-connections",
+                                    "{peer}: refused: {max} connections already (limits.max_connections)"
+                                );
+                                drop(stream);
+                                continue;
+                            }
+                            let t = target.clone();
+                            tracker2.spawn(async move {
+                                crate::frontend::connection::serve(stream, t.clone()).await;
+                                t.connections_live.fetch_sub(1, Ordering::AcqRel);
+                            });
                         }
                         // Out of file descriptors and the like: back off
                         // rather than spin.
                         Err(e) => {
-                            log::warn!("accept failed: {e}");
+                            limited!(
+                                target.log_limiter,
+                                log::Level::Warn,
+                                "accept",
+                                "accept failed: {e}"
+                            );
                             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                         }
                     },
@@ -117,7 +152,15 @@ async fn serve(target: Arc<Target>, listeners: Vec<TcpListener>) -> std::io::Res
     }
     target.shutdown.cancelled().await;
     tracker.close();
-    tracker.wait().await;
+    let grace = std::time::Duration::from_millis(target.config.timeouts.shutdown_ms.into());
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        log::warn!(
+            "{} connection(s) still open {grace:?} after shutdown began: dropping them",
+            target
+                .connections_live
+                .load(std::sync::atomic::Ordering::Acquire)
+        );
+    }
     let t = target.clone();
     tokio::task::spawn_blocking(move || t.flush_all())
         .await
@@ -141,6 +184,7 @@ pub fn spawn(config: TargetConfig) -> anyhow::Result<TargetHandle> {
             if let Err(e) = rt.block_on(serve(t, listeners)) {
                 log::error!("flushing backends at shutdown: {e}");
             }
+            rt.shutdown_timeout(RUNTIME_STOP);
         })?;
     Ok(TargetHandle {
         target,
@@ -163,7 +207,7 @@ pub fn run_with_status(
 ) -> anyhow::Result<()> {
     let target = Arc::new(Target::new(config)?);
     let rt = runtime()?;
-    rt.block_on(async {
+    let result = rt.block_on(async {
         let listeners = bind(&target).await?;
         for a in target
             .listen_addrs
@@ -218,5 +262,7 @@ pub fn run_with_status(
             .context("flushing backends at shutdown")?;
         log::info!("stopped");
         Ok(())
-    })
+    });
+    rt.shutdown_timeout(RUNTIME_STOP);
+    result
 }

@@ -92,6 +92,13 @@ impl DataDirection {
 /// NVMe over Fabrics requires; no fused operation.
 pub const FLAGS_PSDT_SGL: u8 = 0x40;
 
+/// SQE byte 1 bits 7:6: PSDT (PRP or SGL for data transfer).
+pub const FLAGS_PSDT_MASK: u8 = 0xC0;
+
+/// SQE byte 1 bits 1:0: FUSE (00b: normal operation; 01b/10b: first/second
+/// command of a fused operation).
+pub const FLAGS_FUSE_MASK: u8 = 0x03;
+
 /// SGL descriptor types (upper nibble of byte 15).
 pub mod sgl_type {
     /// SGL Data Block.

@@ -46,11 +46,14 @@ pub struct TargetConfig {
     pub limits: Limits,
     /// Keep-alive bounds.
     pub keep_alive: KeepAlive,
+    /// How long a host may keep the target waiting.
+    pub timeouts: Timeouts,
     /// The NVM subsystems served (never the discovery subsystem).
     pub subsystems: Vec<SubsystemConfig>,
 }
 
-/// Queue and transfer limits advertised to hosts.
+/// Queue and transfer limits advertised to hosts, and the memory budget
+/// they imply (see `frontend::budget` for what each bounds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
@@ -65,6 +68,14 @@ pub struct Limits {
     pub in_capsule_data_bytes: u32,
     /// Largest H2CData PDU the host may send (MAXH2CDATA).
     pub max_h2c_data_bytes: u32,
+    /// Read data waiting to be sent plus write data solicited by R2T that
+    /// one queue may hold; commands beyond it wait. At least MDTS.
+    pub max_queue_data_bytes: u32,
+    /// The same for all queues of the target together; at least
+    /// `max_queue_data_bytes`.
+    pub max_buffered_bytes: u64,
+    /// Connections the target serves at once; more are closed at accept.
+    pub max_connections: u32,
 }
 
 impl Default for Limits {
@@ -75,6 +86,9 @@ impl Default for Limits {
             max_data_transfer_bytes: 1 << 20,
             in_capsule_data_bytes: 8192,
             max_h2c_data_bytes: 128 * 1024,
+            max_queue_data_bytes: 16 << 20,
+            max_buffered_bytes: 256 << 20,
+            max_connections: 1024,
         }
     }
 }
@@ -100,6 +114,32 @@ impl Default for KeepAlive {
             default_ms: 0,
             min_ms: 1_000,
             max_ms: 300_000,
+        }
+    }
+}
+
+/// Time limits on what hosts do (milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// A connection that has not sent its ICReq and had its Connect
+    /// accepted within this time is closed.
+    pub handshake_ms: u32,
+    /// A socket send that makes no progress for this long (the host does
+    /// not read) ends the connection, and the controller with it.
+    pub send_ms: u32,
+    /// At shutdown, the longest wait for connections to hand back their
+    /// commands' completions before they are dropped and the backends
+    /// flushed.
+    pub shutdown_ms: u32,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            handshake_ms: 10_000,
+            send_ms: 10_000,
+            shutdown_ms: 10_000,
         }
     }
 }
@@ -141,6 +181,8 @@ struct RawConfig {
     limits: Option<Spanned<Limits>>,
     #[serde(default)]
     keep_alive: Option<Spanned<KeepAlive>>,
+    #[serde(default)]
+    timeouts: Option<Spanned<Timeouts>>,
     #[serde(default, rename = "subsystem")]
     subsystems: Vec<RawSubsystem>,
 }
@@ -186,6 +228,10 @@ impl TargetConfig {
             None => KeepAlive::default(),
             Some(k) => validate_keep_alive(&cx, &k)?,
         };
+        let timeouts = match raw.timeouts {
+            None => Timeouts::default(),
+            Some(t) => validate_timeouts(&cx, &t)?,
+        };
         let mut subsystems: Vec<SubsystemConfig> = Vec::new();
         for rs in raw.subsystems {
             subsystems.push(validate_subsystem(&cx, rs, &subsystems)?);
@@ -194,6 +240,7 @@ impl TargetConfig {
             listen,
             limits,
             keep_alive,
+            timeouts,
             subsystems,
         })
     }
@@ -264,7 +311,47 @@ fn validate_limits(cx: &Ctx, limits: &Spanned<Limits>) -> Result<Limits, ConfigE
             ),
         );
     }
+    if l.max_queue_data_bytes < mdts {
+        return bad(
+            "limits.max_queue_data_bytes",
+            format!(
+                "{} is below max_data_transfer_bytes ({mdts}): a command could never run",
+                l.max_queue_data_bytes
+            ),
+        );
+    }
+    if l.max_buffered_bytes < u64::from(l.max_queue_data_bytes) {
+        return bad(
+            "limits.max_buffered_bytes",
+            format!(
+                "{} is below max_queue_data_bytes ({})",
+                l.max_buffered_bytes, l.max_queue_data_bytes
+            ),
+        );
+    }
+    if l.max_connections == 0 {
+        return bad("limits.max_connections", "must be at least 1".into());
+    }
     Ok(l)
+}
+
+fn validate_timeouts(cx: &Ctx, timeouts: &Spanned<Timeouts>) -> Result<Timeouts, ConfigError> {
+    let t = *timeouts.get_ref();
+    for (field, v) in [
+        ("timeouts.handshake_ms", t.handshake_ms),
+        ("timeouts.send_ms", t.send_ms),
+        ("timeouts.shutdown_ms", t.shutdown_ms),
+    ] {
+        if v == 0 {
+            return Err(table_err(
+                cx,
+                timeouts,
+                field,
+                "must be at least 1 (a host must never be waited for without end)".into(),
+            ));
+        }
+    }
+    Ok(t)
 }
 
 fn validate_keep_alive(
@@ -502,6 +589,24 @@ mod tests {
             1,
             "keep_alive.min_ms",
             "above max_ms",
+        );
+        expect_err(
+            "[limits]\nmax_queue_data_bytes = 4096\n",
+            1,
+            "limits.max_queue_data_bytes",
+            "below max_data_transfer_bytes",
+        );
+        expect_err(
+            "[limits]\nmax_buffered_bytes = 1048576\n",
+            1,
+            "limits.max_buffered_bytes",
+            "below max_queue_data_bytes",
+        );
+        expect_err(
+            "[timeouts]\nsend_ms = 0\n",
+            1,
+            "timeouts.send_ms",
+            "at least 1",
         );
         expect_err("listen = [\n", 2, "", "");
     }

@@ -13,12 +13,18 @@
 //!
 //! Anything malformed or out of order ends the connection with a
 //! C2HTermReq carrying the fatal error status the specification names, and
-//! affects no other connection. Bounds: data buffers are allocated only for
-//! validated commands (at most MDTS each), and never from a length the host
-//! sent without checking it against the command.
+//! affects no other connection. Bounds ([`crate::frontend::budget`]): data
+//! buffers are allocated only for validated commands (at most MDTS each),
+//! only once the queue's data budget holds them (else the command waits),
+//! and never from a length the host sent without checking it against the
+//! command; a host with more commands outstanding than its SQ has entries
+//! is closed; a socket the host stops reading ends the connection after
+//! `timeouts.send_ms`; a connection that does not finish ICReq and Connect
+//! within `timeouts.handshake_ms` is closed. What a host can make us log is
+//! rate-limited ([`crate::frontend::log_limit`]).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,7 +38,7 @@ use nvmf_proto::fabrics::{
 use nvmf_proto::pdu::{
     C2HData, CapsuleResp, EncodeConfig, IcReq, IcResp, Negotiated, Pdu, Role, TermReq, R2T,
 };
-use nvmf_proto::sqe::admin_opcode;
+use nvmf_proto::sqe::{admin_opcode, FLAGS_FUSE_MASK, FLAGS_PSDT_MASK, FLAGS_PSDT_SGL};
 use nvmf_proto::{
     Cqe, Decoded, DecoderConfig, ErrorAction, PduDecoder, ProtoError, SglKind, Sqe, Status,
     Termination,
@@ -41,9 +47,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio_util::sync::CancellationToken;
 
-use crate::frontend::controller::{clamp_kato, AdminOutcome, Controller, HostIdentity};
+use crate::frontend::budget::{
+    self, QueueBudget, Reservation, Short, ADMIN_IN_CAPSULE_BYTES, PRE_CONNECT_SQ_ENTRIES, ZEROS,
+    ZEROS_LEN,
+};
+use crate::frontend::controller::{AdminOutcome, Controller, HostIdentity, IoQueueLease};
 use crate::frontend::target::{Namespace, Subsystem, Target};
+use crate::limited;
 use crate::pipeline::{ClassTag, Completion, CompletionSink, IoDone, IoOp};
 use qos_core::priority::NvmeClass;
 
@@ -58,6 +70,9 @@ enum Outgoing {
         cid: u16,
         data: Cow<'static, [u8]>,
         cqe: Option<Cqe>,
+        /// The read's share of the queue's data budget, released once the
+        /// data has been written to the socket.
+        hold: Reservation,
     },
     /// Digest settings for every PDU after this one.
     Encode(EncodeConfig),
@@ -71,12 +86,20 @@ enum Outgoing {
 enum End {
     PeerClosed,
     Disconnect,
-    /// We sent a C2HTermReq.
+    /// We sent a C2HTermReq, or closed on an error no status answers (an
+    /// SQ overrun).
     Fatal(String),
     /// The host sent an H2CTermReq.
     HostTerminated(String),
     SocketError(std::io::Error),
+    /// The writer stopped: a send made no progress for `timeouts.send_ms`
+    /// (the host does not read), or the socket failed.
+    SendStalled,
+    /// No ICReq and accepted Connect within `timeouts.handshake_ms`.
+    HandshakeTimeout,
     ControllerGone,
+    /// The controller was reset (CC.EN 1 -> 0): this I/O queue is deleted.
+    QueueReset,
     Shutdown,
 }
 
@@ -87,7 +110,17 @@ impl End {
     fn is_fatal(&self) -> bool {
         matches!(
             self,
-            End::Fatal(_) | End::HostTerminated(_) | End::SocketError(_)
+            End::Fatal(_) | End::HostTerminated(_) | End::SocketError(_) | End::SendStalled
+        )
+    }
+
+    /// Ends after which nothing more is sent: the association is gone, or
+    /// the host does not read. The writer stops at once, dropping what it
+    /// still holds, rather than waiting to flush to a host that is gone.
+    fn abandons_output(&self) -> bool {
+        matches!(
+            self,
+            End::ControllerGone | End::QueueReset | End::SendStalled | End::HandshakeTimeout
         )
     }
 }
@@ -97,10 +130,26 @@ impl End {
 struct SqState {
     /// Entries in the queue (SQSIZE + 1), 0 before Connect.
     size: AtomicU16,
+    /// The queue's ID (Connect QID): every CQE names it in SQID.
+    qid: AtomicU16,
     head: AtomicU16,
     flow_control_disabled: std::sync::atomic::AtomicBool,
     /// Commands received on this connection and not yet completed.
     inflight: AtomicUsize,
+    /// Commands received whose completion the writer has not taken yet:
+    /// what the host may count as outstanding, at most the SQ's entries
+    /// (see [`budget::sq_overrun`]).
+    outstanding: AtomicUsize,
+}
+
+impl SqState {
+    /// Entries the host may have outstanding now.
+    fn entries(&self) -> u16 {
+        match self.size.load(Ordering::Relaxed) {
+            0 => PRE_CONNECT_SQ_ENTRIES,
+            n => n,
+        }
+    }
 }
 
 /// Sends completions for one connection; cloned into pipeline callbacks.
@@ -109,6 +158,9 @@ struct Responder {
     tx: UnboundedSender<Outgoing>,
     sq: Arc<SqState>,
     target: Arc<Target>,
+    /// The queue's data budget (read data until sent, R2T write data until
+    /// written).
+    budget: Arc<QueueBudget>,
 }
 
 impl Responder {
@@ -125,18 +177,46 @@ impl Responder {
         self.target.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// A CQE for `cid` on this queue.
+    fn cqe(&self, cid: u16, status: Status) -> Cqe {
+        let mut cqe = Cqe::new(cid, status).with_sqhd(self.sqhd());
+        // NVMe Base 2.0, Common Completion Queue Entry: SQID names the
+        // submission queue the command came from (nvmet sets it too).
+        cqe.sqid = self.sq.qid.load(Ordering::Relaxed);
+        cqe
+    }
+
     /// Completes a command with a CQE (and optional data before it).
     fn complete(&self, cid: u16, status: Status, dw0: u32, dw1: u32, data: Vec<u8>) {
+        self.reply(cid, status, dw0, dw1, data, 0);
+    }
+
+    /// Completes a command with `data` followed by `zeros` zero bytes
+    /// (from a static page: never allocated), then a CQE.
+    fn reply(&self, cid: u16, status: Status, dw0: u32, dw1: u32, data: Vec<u8>, zeros: usize) {
+        let total = data.len() + zeros;
+        let mut sent = data.len();
         if !data.is_empty() {
             let _ = self.tx.send(Outgoing::Pdu(Pdu::C2HData(C2HData {
                 cccid: cid,
                 datao: 0,
-                last: true,
+                last: zeros == 0,
                 success: false,
                 data: data.into(),
             })));
         }
-        let mut cqe = Cqe::new(cid, status).with_dw0(dw0).with_sqhd(self.sqhd());
+        while sent < total {
+            let n = (total - sent).min(ZEROS_LEN);
+            let _ = self.tx.send(Outgoing::Pdu(Pdu::C2HData(C2HData {
+                cccid: cid,
+                datao: sent as u32,
+                last: sent + n == total,
+                success: false,
+                data: Cow::Borrowed(&ZEROS[..n]),
+            })));
+            sent += n;
+        }
+        let mut cqe = self.cqe(cid, status).with_dw0(dw0);
         cqe.dw1 = dw1;
         let _ = self
             .tx
@@ -151,26 +231,40 @@ impl Responder {
     /// Completes a read: data, then either the SUCCESS shortcut (only when
     /// the host turned SQ flow control off, since the CQE would carry SQHD,
     /// and never when a credit must travel in dword 1) or a CQE.
-    fn complete_read(&self, cid: u16, data: Cow<'static, [u8]>, credit: Option<u32>) {
+    fn complete_read(
+        &self,
+        cid: u16,
+        data: Cow<'static, [u8]>,
+        credit: Option<u32>,
+        hold: Reservation,
+    ) {
         let shortcut = credit.is_none() && self.sq.flow_control_disabled.load(Ordering::Relaxed);
         let cqe = (!shortcut).then(|| {
-            let mut cqe = Cqe::new(cid, Status::SUCCESS).with_sqhd(self.sqhd());
+            let mut cqe = self.cqe(cid, Status::SUCCESS);
             cqe.dw1 = credit.map_or(0, credit_dw1);
             cqe
         });
-        let _ = self.tx.send(Outgoing::ReadDone { cid, data, cqe });
+        let _ = self.tx.send(Outgoing::ReadDone {
+            cid,
+            data,
+            cqe,
+            hold,
+        });
         self.finish_one();
     }
 
-    /// The completion tag of command `cid` (see the `CompletionSink`).
-    fn tag(cid: u16, is_read: bool) -> u64 {
-        u64::from(cid) | u64::from(is_read) << 16
+    /// The completion tag of command `cid` (see the `CompletionSink`):
+    /// bits 15:0 the CID, bit 16 set for a read, bits 63:32 the bytes it
+    /// holds reserved from the queue's budget (at most MDTS, 16 MiB).
+    fn tag(cid: u16, is_read: bool, reserved: usize) -> u64 {
+        u64::from(cid) | u64::from(is_read) << 16 | (reserved as u64) << 32
     }
 
     /// Completes an I/O from the pipeline.
-    fn complete_io(&self, cid: u16, is_read: bool, done: IoDone) {
+    fn complete_io(&self, cid: u16, is_read: bool, reserved: usize, done: IoDone) {
+        let hold = self.budget.adopt(reserved);
         match done.result {
-            Ok(data) if is_read => self.complete_read(cid, data, done.credit),
+            Ok(data) if is_read => self.complete_read(cid, data, done.credit, hold),
             Ok(_) => self.complete(
                 cid,
                 Status::SUCCESS,
@@ -179,7 +273,12 @@ impl Responder {
                 Vec::new(),
             ),
             Err(e) => {
-                log::warn!("I/O error on command {cid:#06x}: {e}");
+                limited!(
+                    self.target.log_limiter,
+                    log::Level::Warn,
+                    "io-error",
+                    "I/O error on command {cid:#06x}: {e}"
+                );
                 let status = match e.kind() {
                     std::io::ErrorKind::InvalidInput => Status::LBA_OUT_OF_RANGE.with_dnr(),
                     _ if is_read => Status::UNRECOVERED_READ_ERROR,
@@ -197,10 +296,10 @@ impl Responder {
     }
 }
 
-/// A read or write of this connection ended: tag = cid, bit 16 = read.
+/// A read or write of this connection ended: see [`Responder::tag`].
 impl CompletionSink for Responder {
     fn complete(&self, tag: u64, done: IoDone) {
-        self.complete_io(tag as u16, tag & 1 << 16 != 0, done);
+        self.complete_io(tag as u16, tag & 1 << 16 != 0, (tag >> 32) as usize, done);
     }
 }
 
@@ -213,6 +312,8 @@ fn credit_dw1(credit: u32) -> u32 {
 struct PendingData {
     sqe: Sqe,
     buf: Vec<u8>,
+    /// `buf`'s share of the queue's data budget.
+    reservation: Reservation,
     received: usize,
     ttag: u16,
     /// A data digest error hit one of its PDUs: it fails once all data is in.
@@ -231,9 +332,10 @@ enum QueueState {
     AwaitIcReq,
     AwaitConnect,
     Admin(Arc<Controller>),
-    /// An I/O queue: its controller, QID and priority class (Connect
-    /// CATTR bits 1:0, used when the controller arbitrates by class).
-    Io(Arc<Controller>, u16, NvmeClass),
+    /// An I/O queue: its controller, QID, priority class (Connect CATTR
+    /// bits 1:0, used when the controller arbitrates by class) and its
+    /// hold on the controller (ended by a controller reset).
+    Io(Arc<Controller>, u16, NvmeClass, IoQueueLease),
 }
 
 struct Connection {
@@ -249,6 +351,22 @@ struct Connection {
     /// Requests decoded from the current receive for pipelines that take
     /// batches, in order; handed over before the next receive.
     batch: Vec<Batched>,
+    /// Commands waiting for the data budget, in arrival order (their data
+    /// is not in the capsule: reads, and writes solicited by R2T).
+    deferred: VecDeque<Sqe>,
+    /// Set while `deferred` is being worked off: a command that still does
+    /// not fit goes back to the front, not the back.
+    draining: bool,
+    /// Which pool the head of `deferred` waits for.
+    short: Short,
+    redeferred: Option<Sqe>,
+    /// When a connection that has not completed ICReq and Connect is
+    /// closed.
+    handshake_deadline: tokio::time::Instant,
+    /// Cancelled when the writer stops (a stalled or failed send).
+    writer_gone: CancellationToken,
+    /// Cancelled to make the writer stop at once, dropping its output.
+    abort_writer: CancellationToken,
 }
 
 /// A request held in [`Connection::batch`].
@@ -263,19 +381,41 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
     let _ = stream.set_nodelay(true);
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = unbounded_channel();
-    let writer = tokio::spawn(write_loop(wr, rx));
+    let sq = Arc::new(SqState {
+        size: AtomicU16::new(0),
+        qid: AtomicU16::new(0),
+        head: AtomicU16::new(0),
+        flow_control_disabled: Default::default(),
+        inflight: AtomicUsize::new(0),
+        outstanding: AtomicUsize::new(0),
+    });
+    let writer_gone = CancellationToken::new();
+    let abort_writer = CancellationToken::new();
+    let writer = tokio::spawn(write_loop(
+        wr,
+        rx,
+        Writer {
+            sq: sq.clone(),
+            target: target.clone(),
+            peer,
+            send_timeout: Duration::from_millis(target.config.timeouts.send_ms.into()),
+            abort: abort_writer.clone(),
+            gone: writer_gone.clone(),
+        },
+    ));
     let limits = target.config.limits;
     let max_h2c_data = limits.max_h2c_data_bytes;
+    let handshake_deadline = tokio::time::Instant::now()
+        + Duration::from_millis(target.config.timeouts.handshake_ms.into());
     let mut conn = Connection {
         responder: Arc::new(Responder {
             tx,
-            sq: Arc::new(SqState {
-                size: AtomicU16::new(0),
-                head: AtomicU16::new(0),
-                flow_control_disabled: Default::default(),
-                inflight: AtomicUsize::new(0),
-            }),
+            sq,
             target: target.clone(),
+            budget: QueueBudget::new(
+                limits.max_queue_data_bytes as usize,
+                target.buffered.clone(),
+            ),
         }),
         target,
         peer,
@@ -289,6 +429,13 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
         pending: HashMap::new(),
         next_ttag: 0,
         batch: Vec::new(),
+        deferred: VecDeque::new(),
+        draining: false,
+        short: Short::Queue,
+        redeferred: None,
+        handshake_deadline,
+        writer_gone,
+        abort_writer,
     };
     let end = conn.read_loop(&mut rd).await;
     conn.finish(end).await;
@@ -307,6 +454,8 @@ struct Batch {
     bytes: Vec<u8>,
     /// In order: a range of `bytes`, or a payload.
     parts: Vec<Part>,
+    /// Budget held by the payloads, released once they are written.
+    holds: Vec<Reservation>,
 }
 
 enum Part {
@@ -358,7 +507,9 @@ impl Batch {
             .sum()
     }
 
-    async fn write_to(&mut self, wr: &mut OwnedWriteHalf) -> std::io::Result<()> {
+    /// Writes the batch; fails when a send makes no progress for
+    /// `send_timeout` or the writer is aborted.
+    async fn write_to(&mut self, wr: &mut OwnedWriteHalf, w: &Writer) -> std::io::Result<()> {
         let mut slices: Vec<std::io::IoSlice<'_>> = self
             .parts
             .iter()
@@ -369,7 +520,21 @@ impl Batch {
             .collect();
         let mut rest = &mut slices[..];
         while !rest.is_empty() {
-            let n = wr.write_vectored(rest).await?;
+            let n = tokio::select! {
+                biased;
+                _ = w.abort.cancelled() => {
+                    return Err(std::io::Error::other("output abandoned"));
+                }
+                r = tokio::time::timeout(w.send_timeout, wr.write_vectored(rest)) => match r {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no send progress for {:?}", w.send_timeout),
+                        ))
+                    }
+                },
+            };
             if n == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
@@ -378,26 +543,66 @@ impl Batch {
         drop(slices);
         self.bytes.clear();
         self.parts.clear();
+        self.holds.clear();
         Ok(())
     }
 }
 
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Outgoing>) {
+/// What the writer task needs besides the socket and its channel.
+struct Writer {
+    sq: Arc<SqState>,
+    target: Arc<Target>,
+    peer: SocketAddr,
+    /// A send that makes no progress for this long ends the connection.
+    send_timeout: Duration,
+    /// Stop at once, dropping what is not sent.
+    abort: CancellationToken,
+    /// Cancelled when the writer stops, for whatever reason.
+    gone: CancellationToken,
+}
+
+impl Writer {
+    /// A completion left for the socket: the host may reuse its SQ slot.
+    fn completion_taken(&self) {
+        release_slot(&self.sq);
+    }
+}
+
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Outgoing>, w: Writer) {
+    let _gone = w.gone.clone().drop_guard();
     let mut config = EncodeConfig::default();
     let mut batch = Batch::default();
-    while let Some(first) = rx.recv().await {
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = w.abort.cancelled() => return,
+            m = rx.recv() => match m {
+                Some(m) => m,
+                None => return,
+            },
+        };
         let mut close = false;
         let mut msg = Some(first);
         // Batch whatever is already queued into one write.
         while let Some(m) = msg.take() {
             match m {
                 Outgoing::Pdu(p) => {
+                    if matches!(p, Pdu::CapsuleResp(_)) {
+                        w.completion_taken();
+                    }
                     let pdu_type = p.pdu_type();
                     if let Err(e) = batch.push(p, &config) {
                         log::error!("cannot encode PDU type {pdu_type:#04x}: {e}");
                     }
                 }
-                Outgoing::ReadDone { cid, data, cqe } => {
+                Outgoing::ReadDone {
+                    cid,
+                    data,
+                    cqe,
+                    hold,
+                } => {
+                    w.completion_taken();
+                    batch.holds.push(hold);
                     let c2h = Pdu::C2HData(C2HData {
                         cccid: cid,
                         datao: 0,
@@ -423,13 +628,44 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: UnboundedReceiver<Outgoing>)
                 msg = rx.try_recv().ok();
             }
         }
-        if !batch.parts.is_empty() && batch.write_to(&mut wr).await.is_err() {
-            return;
+        if !batch.parts.is_empty() {
+            if let Err(e) = batch.write_to(&mut wr, &w).await {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    limited!(
+                        w.target.log_limiter,
+                        log::Level::Warn,
+                        "send-stalled",
+                        "{}: {e}: the host does not read; closing the connection",
+                        w.peer
+                    );
+                }
+                return;
+            }
         }
         if close {
             let _ = wr.shutdown().await;
             return;
         }
+    }
+}
+
+/// A command no longer counts against the SQ's entries. Saturating: a
+/// miscount must never make every later command look like an overrun.
+fn release_slot(sq: &SqState) {
+    let _ = sq
+        .outstanding
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+}
+
+/// How often deferred commands waiting for the target-wide pool retry, in
+/// case a wake-up came between their failed reservation and their wait.
+const DEFERRED_RETRY: Duration = Duration::from_millis(50);
+
+/// Resolves when `token` is cancelled; never without one.
+async fn cancelled(token: Option<&CancellationToken>) {
+    match token {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -501,18 +737,104 @@ impl Connection {
             }
             buf.reserve(need.max(16 * 1024));
             let teardown = self.controller().map(|c| c.teardown.clone());
+            let reset = match &self.state {
+                QueueState::Io(.., lease) => Some(lease.reset.clone()),
+                _ => None,
+            };
+            let handshake = matches!(
+                self.state,
+                QueueState::AwaitIcReq | QueueState::AwaitConnect
+            )
+            .then_some(self.handshake_deadline);
             let shutdown = self.target.shutdown.clone();
+            let writer_gone = self.writer_gone.clone();
+            let budget = self.responder.budget.clone();
+            let waiting = !self.deferred.is_empty();
+            let waiting_on_target = waiting && self.short == Short::Target;
             tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return End::Shutdown,
+                _ = writer_gone.cancelled() => return End::SendStalled,
+                _ = cancelled(teardown.as_ref()) => return End::ControllerGone,
+                _ = cancelled(reset.as_ref()) => return End::QueueReset,
+                _ = async {
+                    match handshake {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => return End::HandshakeTimeout,
+                // Deferred commands retry when this queue releases budget,
+                // or, when the target-wide pool is short, when any queue
+                // does (with a slow retry for a wake-up missed between the
+                // failed reservation and this wait). A host that does not
+                // read costs no wake-ups until its own data goes out.
+                _ = budget.freed.notified(), if waiting => {
+                    if let Err(end) = self.run_deferred() {
+                        return end;
+                    }
+                }
+                _ = budget.target.freed.notified(), if waiting_on_target => {
+                    if let Err(end) = self.run_deferred() {
+                        return end;
+                    }
+                }
+                _ = tokio::time::sleep(DEFERRED_RETRY), if waiting_on_target => {
+                    if let Err(end) = self.run_deferred() {
+                        return end;
+                    }
+                }
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) => return End::PeerClosed,
                     Ok(_) => {}
                     Err(e) => return End::SocketError(e),
                 },
-                _ = async { match &teardown { Some(t) => t.cancelled().await, None => std::future::pending().await } } => {
-                    return End::ControllerGone;
-                }
-                _ = shutdown.cancelled() => return End::Shutdown,
             }
+        }
+    }
+
+    /// Works off deferred commands, in order, while the budget holds them.
+    fn run_deferred(&mut self) -> Result<(), End> {
+        let QueueState::Io(ctrl, ..) = &self.state else {
+            return Ok(());
+        };
+        let ctrl = ctrl.clone();
+        while let Some(sqe) = self.deferred.pop_front() {
+            self.draining = true;
+            let result = self.handle_io(&ctrl, sqe, &[]);
+            self.draining = false;
+            result?;
+            if let Some(sqe) = self.redeferred.take() {
+                self.deferred.push_front(sqe);
+                break;
+            }
+        }
+        self.submit_batch();
+        Ok(())
+    }
+
+    /// Reserves `bytes` of the queue's data budget for a command, unless
+    /// earlier commands are still waiting for it (they go first).
+    fn reserve(&mut self, bytes: usize) -> Option<Reservation> {
+        if !self.draining && !self.deferred.is_empty() {
+            return None;
+        }
+        match self.responder.budget.try_reserve(bytes) {
+            Ok(r) => Some(r),
+            Err(short) => {
+                self.short = short;
+                None
+            }
+        }
+    }
+
+    /// Holds a command that does not fit the data budget until it does.
+    /// Bounded: a deferred command is outstanding, and the SQ size bounds
+    /// those.
+    fn defer(&mut self, sqe: Sqe) {
+        if self.draining {
+            self.redeferred = Some(sqe);
+        } else {
+            self.deferred.push_back(sqe);
         }
     }
 
@@ -558,7 +880,10 @@ impl Connection {
 
     /// Sends a C2HTermReq and ends the connection.
     fn terminate(&self, t: Termination, header: &[u8], why: String) -> End {
-        log::warn!(
+        limited!(
+            self.target.log_limiter,
+            log::Level::Warn,
+            "protocol-error",
             "{}: fatal protocol error, terminating connection: {why}",
             self.peer
         );
@@ -592,7 +917,13 @@ impl Connection {
                     "host terminated the connection (FES {:#x}, FEI {:#x})",
                     t.fes.0, t.fei
                 );
-                log::warn!("{}: {why}", self.peer);
+                limited!(
+                    self.target.log_limiter,
+                    log::Level::Warn,
+                    "host-termreq",
+                    "{}: {why}",
+                    self.peer
+                );
                 Err(End::HostTerminated(why))
             }
             Pdu::CapsuleCmd(c) => self.handle_capsule(c.sqe, &c.data),
@@ -613,12 +944,14 @@ impl Connection {
             Negotiated::new(&req, &resp).expect("controller mirrors the host's digests");
         let limits = &self.target.config.limits;
         // Largest data one PDU may carry towards us: H2CData up to
-        // MAXH2CDATA, or in-capsule data (admin capsules carry the 1 KiB
-        // Connect data even when IOCCSZ is smaller).
+        // MAXH2CDATA, or in-capsule data (admin capsules are 8 KiB even
+        // when IOCCSZ is smaller). Capsules within this but beyond their
+        // queue's in-capsule limit are answered with a status
+        // (`check_capsule`); larger PDUs end the connection.
         let max_data = self
             .max_h2c_data
             .max(limits.in_capsule_data_bytes)
-            .max(nvmf_proto::fabrics::CONNECT_DATA_LEN as u32);
+            .max(ADMIN_IN_CAPSULE_BYTES as u32);
         let _ = self.responder.tx.send(Outgoing::Pdu(Pdu::IcResp(resp)));
         let _ = self
             .responder
@@ -629,23 +962,78 @@ impl Connection {
         self.state = QueueState::AwaitConnect;
     }
 
-    /// Counts a new command: SQ head moves, in-flight grows.
-    fn accept_command(&self) {
-        let size = self.responder.sq.size.load(Ordering::Relaxed).max(1);
-        let head = self.responder.sq.head.load(Ordering::Relaxed);
-        self.responder
-            .sq
-            .head
-            .store((head + 1) % size, Ordering::Relaxed);
-        self.responder.sq.inflight.fetch_add(1, Ordering::AcqRel);
+    /// Counts a new command: SQ head moves, in-flight grows. A command
+    /// beyond the SQ's entries is an overrun: the connection closes.
+    fn accept_command(&self) -> Result<(), End> {
+        let sq = &self.responder.sq;
+        let entries = sq.entries();
+        if budget::sq_overrun(sq.outstanding.load(Ordering::Acquire), entries) {
+            limited!(
+                self.target.log_limiter,
+                log::Level::Warn,
+                "sq-overrun",
+                "{}: host has more commands outstanding than its {entries}-entry submission queue; closing the connection",
+                self.peer
+            );
+            return Err(End::Fatal(format!("SQ overrun ({entries} entries)")));
+        }
+        sq.outstanding.fetch_add(1, Ordering::AcqRel);
+        let size = sq.size.load(Ordering::Relaxed).max(1);
+        let head = sq.head.load(Ordering::Relaxed);
+        sq.head.store((head + 1) % size, Ordering::Relaxed);
+        sq.inflight.fetch_add(1, Ordering::AcqRel);
         self.target.inflight.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The most in-capsule data a command on this queue may carry: IOCCSZ
+    /// on an I/O queue; on the admin queue (and before Connect) the 8 KiB
+    /// capsule NVMe/TCP gives it.
+    fn in_capsule_max(&self) -> usize {
+        match self.state {
+            QueueState::Io(..) => self.target.config.limits.in_capsule_data_bytes as usize,
+            _ => ADMIN_IN_CAPSULE_BYTES,
+        }
+    }
+
+    /// What every command must pass before it is parsed, in Linux nvmet's
+    /// order (`nvmet_req_init`, then `nvmet_tcp_map_data`).
+    fn check_capsule(&self, sqe: &Sqe, data: &[u8]) -> Result<(), Status> {
+        // NVMe Base 2.0, Common Command Format, FUSE: fused operations are
+        // optional and this controller has none (Identify Controller FUSES
+        // is 0): Invalid Field in Command, as nvmet.
+        if sqe.flags & FLAGS_FUSE_MASK != 0 {
+            return Err(Status::INVALID_FIELD.with_dnr());
+        }
+        // NVMe over Fabrics 1.1, "Submission Queue Entry" (Fabrics
+        // command and capsule format): PSDT is 01b, SGLs with a single
+        // metadata buffer; PRPs do not exist on a fabric. Invalid Field in
+        // Command, as nvmet.
+        if sqe.flags & FLAGS_PSDT_MASK != FLAGS_PSDT_SGL {
+            return Err(Status::INVALID_FIELD.with_dnr());
+        }
+        // NVMe/TCP 1.0, "Command Capsule" / Identify Controller IOCCSZ:
+        // in-capsule data never exceeds the capsule size; nvmet-tcp
+        // answers a larger in-capsule SGL with SGL Offset Invalid.
+        let sgl_len = match sqe.dptr.kind() {
+            SglKind::InCapsule { length, .. } => length as usize,
+            _ => 0,
+        };
+        if data.len().max(sgl_len) > self.in_capsule_max() {
+            return Err(Status::SGL_OFFSET_INVALID.with_dnr());
+        }
+        Ok(())
     }
 
     fn handle_capsule(&mut self, sqe: Sqe, data: &[u8]) -> Result<(), End> {
-        self.accept_command();
+        self.accept_command()?;
         let r = self.responder.clone();
         if let Some(c) = self.controller() {
             c.touch(self.target.now_ms());
+        }
+        if let Err(status) = self.check_capsule(&sqe, data) {
+            r.status(sqe.cid, status);
+            return Ok(());
         }
         match &self.state {
             QueueState::AwaitIcReq => unreachable!("checked in handle_pdu"),
@@ -666,14 +1054,17 @@ impl Connection {
                         dw0,
                         dw1,
                         data,
+                        zeros,
                     } => {
-                        r.complete(sqe.cid, status, dw0, dw1, data);
+                        r.reply(sqe.cid, status, dw0, dw1, data, zeros);
                         Ok(())
                     }
                     // Held until an event; it does not count as in flight,
-                    // so shutdown does not wait for it.
+                    // so shutdown does not wait for it, nor against the SQ
+                    // (the AER limit bounds it).
                     AdminOutcome::Held => {
                         r.finish_one();
+                        release_slot(&r.sq);
                         Ok(())
                     }
                     AdminOutcome::Disconnect => {
@@ -682,7 +1073,13 @@ impl Connection {
                     }
                 }
             }
-            QueueState::Io(ctrl, ..) => {
+            QueueState::Io(ctrl, .., lease) => {
+                // A reset controller's I/O queues serve nothing more, even
+                // before this reader notices the reset.
+                if lease.reset.is_cancelled() {
+                    r.finish_one();
+                    return Err(End::QueueReset);
+                }
                 let ctrl = ctrl.clone();
                 self.handle_io(&ctrl, sqe, data)
             }
@@ -734,11 +1131,32 @@ impl Connection {
         let cd = match ConnectData::from_bytes(data) {
             Ok(cd) => cd,
             Err(ProtoError::InvalidField { offset, .. }) => {
-                log::warn!("{}: Connect data malformed at byte {offset}", self.peer);
+                limited!(
+                    self.target.log_limiter,
+                    log::Level::Warn,
+                    "connect-refused",
+                    "{}: Connect data malformed at byte {offset}",
+                    self.peer
+                );
                 return Err(Invalid(ConnectInvalidParameter::Data(offset as u16)));
             }
             Err(_) => return Err(Invalid(ConnectInvalidParameter::Data(0))),
         };
+        // NVMe over Fabrics 1.1, Connect command data: HOSTNQN names the
+        // host; an empty one names nobody (no tenant, no access control).
+        // Connect Invalid Parameters pointing at the field.
+        if cd.hostnqn.is_empty() {
+            limited!(
+                self.target.log_limiter,
+                log::Level::Warn,
+                "connect-refused",
+                "{}: Connect with an empty host NQN",
+                self.peer
+            );
+            return Err(Invalid(ConnectInvalidParameter::Data(
+                connect_data_offset::HOSTNQN,
+            )));
+        }
         let limits = self.target.config.limits;
         if c.sqsize == 0 || c.queue_depth() > limits.max_queue_size as u32 {
             return Err(Invalid(ConnectInvalidParameter::Command(
@@ -749,7 +1167,10 @@ impl Connection {
             return Ok((cd, None));
         }
         let Some(subsystem) = self.target.subsystems.get(&cd.subnqn).cloned() else {
-            log::warn!(
+            limited!(
+                self.target.log_limiter,
+                log::Level::Warn,
+                "connect-refused",
                 "{}: host {} asked for unknown subsystem {}",
                 self.peer,
                 cd.hostnqn,
@@ -760,7 +1181,10 @@ impl Connection {
             )));
         };
         if !subsystem.config.host_allowed(&cd.hostnqn) {
-            log::warn!(
+            limited!(
+                self.target.log_limiter,
+                log::Level::Warn,
+                "connect-refused",
                 "{}: host {} is not allowed on {}",
                 self.peer,
                 cd.hostnqn,
@@ -784,8 +1208,7 @@ impl Connection {
                 connect_data_offset::CNTLID,
             )));
         }
-        let ka = self.target.config.keep_alive;
-        let kato = clamp_kato(c.kato_ms, ka.min_ms, ka.max_ms, ka.default_ms);
+        let kato = Controller::kato_for(&self.target, subsystem.is_none(), c.kato_ms);
         let tenant = self.target.tenant_of(&cd.hostnqn);
         let now = self.target.now_ms();
         let ctrl = self.target.register_controller(|id| {
@@ -805,7 +1228,10 @@ impl Connection {
         let Some(ctrl) = ctrl else {
             return Err(ConnectRefusal::Status(Status::CONNECT_CONTROLLER_BUSY));
         };
-        log::info!(
+        limited!(
+            self.target.log_limiter,
+            log::Level::Info,
+            "controller-created",
             "{}: host {} connected to {} as controller {} (KATO {} ms)",
             self.peer,
             cd.hostnqn,
@@ -818,7 +1244,8 @@ impl Connection {
     }
 
     /// An I/O queue's Connect: joins the live, non-discovery controller
-    /// the host names, on the same subsystem and for the same host.
+    /// the host names, on the same subsystem and for the same host (NQN
+    /// and host identifier).
     fn connect_io(&self, c: &Connect, cd: &ConnectData) -> Result<QueueState, ConnectRefusal> {
         let ctrl = match self.target.controller(cd.cntlid) {
             Some(ctrl)
@@ -834,14 +1261,41 @@ impl Connection {
                 )))
             }
         };
-        if let Err(why) = ctrl.attach_io_queue(c.qid) {
-            log::warn!("{}: I/O queue {} refused: {why}", self.peer, c.qid);
-            return Err(ConnectRefusal::Invalid(ConnectInvalidParameter::Command(
-                connect_sqe_offset::QID,
+        // NVMe over Fabrics 1.1, Connect command data: an I/O queue joins
+        // the association of the host that created the controller; the
+        // same NQN with another host identifier is another host (Linux
+        // nvmet finds no controller for it: Connect Invalid Parameters).
+        if cd.host_id != ctrl.host_id {
+            limited!(
+                self.target.log_limiter,
+                log::Level::Warn,
+                "connect-refused",
+                "{}: I/O queue {} refused: host identifier differs from the admin queue's",
+                self.peer,
+                c.qid
+            );
+            return Err(ConnectRefusal::Invalid(ConnectInvalidParameter::Data(
+                connect_data_offset::HOSTID,
             )));
         }
+        let lease = match ctrl.attach_io_queue(c.qid) {
+            Ok(lease) => lease,
+            Err(why) => {
+                limited!(
+                    self.target.log_limiter,
+                    log::Level::Warn,
+                    "connect-refused",
+                    "{}: I/O queue {} refused: {why}",
+                    self.peer,
+                    c.qid
+                );
+                return Err(ConnectRefusal::Invalid(ConnectInvalidParameter::Command(
+                    connect_sqe_offset::QID,
+                )));
+            }
+        };
         let class = NvmeClass::ALL[c.priority_class() as usize];
-        Ok(QueueState::Io(ctrl, c.qid, class))
+        Ok(QueueState::Io(ctrl, c.qid, class, lease))
     }
 
     /// Sets the queue up as its Connect asks (size; SQ flow control; the
@@ -860,10 +1314,12 @@ impl Connection {
         debug_assert!(depth >= 2 && u32::from(depth) == c.queue_depth());
         let sq = &self.responder.sq;
         sq.size.store(depth, Ordering::Relaxed);
+        sq.qid.store(c.qid, Ordering::Relaxed);
         sq.flow_control_disabled
             .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
         sq.head.store(1 % depth, Ordering::Relaxed);
         self.state = state;
+        // The Connect's own CQE names the new queue.
         self.responder.complete(
             cid,
             Status::SUCCESS,
@@ -876,7 +1332,7 @@ impl Connection {
     /// The class tag of this queue's requests to `ns`: `None` (round
     /// robin, today's path) unless the controller enabled WRR or DRR.
     fn class_tag(&self, ctrl: &Controller, ns: &Namespace) -> Option<ClassTag> {
-        let QueueState::Io(_, qid, class) = &self.state else {
+        let QueueState::Io(_, qid, class, _) = &self.state else {
             return None;
         };
         let mut arbiter = ctrl.arbiter_config()?;
@@ -933,6 +1389,12 @@ impl Connection {
                         return Ok(());
                     }
                 }
+                // The data will be held until it is sent: take it from the
+                // queue's budget first, or wait.
+                let Some(reservation) = self.reserve(len) else {
+                    self.defer(sqe);
+                    return Ok(());
+                };
                 let offset = rw.slba << ns.block_shift;
                 let cid = sqe.cid;
                 let class = self.class_tag(ctrl, &ns);
@@ -941,7 +1403,7 @@ impl Connection {
                     ctrl.tenant,
                     class,
                     IoOp::Read { offset, len },
-                    Completion::Sink(r, Responder::tag(cid, true)),
+                    Completion::Sink(r, Responder::tag(cid, true, reservation.into_raw())),
                 );
             }
             IoCommand::Write(rw) => {
@@ -1001,7 +1463,7 @@ impl Connection {
                     ctrl.tenant,
                     class,
                     op,
-                    Completion::Sink(r, Responder::tag(cid, false)),
+                    Completion::Sink(r, Responder::tag(cid, false, 0)),
                 );
             }
             IoCommand::Flush { nsid } => self.flush(ctrl, sqe.cid, nsid),
@@ -1035,7 +1497,9 @@ impl Connection {
     }
 
     /// Gets a host-to-controller command's data: in-capsule, or solicited
-    /// with an R2T (then the command waits in `pending`).
+    /// with an R2T (then the command waits in `pending`). One R2T per
+    /// command, for all its data (MAXR2T = 1), and only once the queue's
+    /// data budget holds the buffer: until then the command waits.
     fn receive_data(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, len: usize, data: &[u8]) {
         let r = self.responder.clone();
         match sqe.dptr.kind() {
@@ -1046,12 +1510,15 @@ impl Connection {
                 if length as usize != len || data.len() != len {
                     return r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
                 }
-                self.execute_with_data(ctrl, sqe, data.to_vec());
+                self.execute_with_data(ctrl, sqe, data.to_vec(), None);
             }
             SglKind::Transport { length } => {
                 if length as usize != len || !data.is_empty() {
                     return r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
                 }
+                let Some(reservation) = self.reserve(len) else {
+                    return self.defer(sqe);
+                };
                 let ttag = self.next_ttag;
                 self.next_ttag = self.next_ttag.wrapping_add(1);
                 self.pending.insert(
@@ -1059,6 +1526,7 @@ impl Connection {
                     PendingData {
                         sqe,
                         buf: vec![0u8; len],
+                        reservation,
                         received: 0,
                         ttag,
                         poisoned: false,
@@ -1142,7 +1610,7 @@ impl Connection {
             return;
         }
         if let Some(ctrl) = self.controller().cloned() {
-            self.execute_with_data(&ctrl, p.sqe, p.buf);
+            self.execute_with_data(&ctrl, p.sqe, p.buf, Some(p.reservation));
         }
     }
 
@@ -1151,11 +1619,17 @@ impl Connection {
     /// until its end, so the framing of later PDUs stays in step.
     fn data_digest_error(&mut self, cid: u16, raw: &[u8], e: &ProtoError) -> Result<(), End> {
         use nvmf_proto::FatalErrorStatus as Fes;
-        log::warn!("{}: {e}", self.peer);
+        limited!(
+            self.target.log_limiter,
+            log::Level::Warn,
+            "data-digest",
+            "{}: {e}",
+            self.peer
+        );
         let is_h2c = raw.first() == Some(&nvmf_proto::pdu::pdu_type::H2C_DATA);
         if !is_h2c {
             // A capsule whose in-capsule data is damaged: fail it unexecuted.
-            self.accept_command();
+            self.accept_command()?;
             self.responder
                 .status(cid, Status::TRANSIENT_TRANSPORT_ERROR);
             return Ok(());
@@ -1188,9 +1662,20 @@ impl Connection {
         Ok(())
     }
 
-    fn execute_with_data(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: Vec<u8>) {
+    /// Executes a command whose data has arrived; `reservation` is the
+    /// data's share of the budget (R2T data), held until it completes.
+    fn execute_with_data(
+        &mut self,
+        ctrl: &Arc<Controller>,
+        sqe: Sqe,
+        data: Vec<u8>,
+        reservation: Option<Reservation>,
+    ) {
         let r = self.responder.clone();
         let cid = sqe.cid;
+        let reserved = reservation.map_or(0, Reservation::into_raw);
+        // Completions below that end before the pipeline release it.
+        let hold = r.budget.adopt(reserved);
         match IoCommand::parse(&sqe) {
             Ok(IoCommand::Write(rw)) => {
                 let Some(ns) = self.namespace(ctrl, rw.nsid) else {
@@ -1207,7 +1692,7 @@ impl Connection {
                     ctrl.tenant,
                     class,
                     op,
-                    Completion::Sink(r, Responder::tag(cid, false)),
+                    Completion::Sink(r, Responder::tag(cid, false, hold.into_raw())),
                 );
             }
             Ok(IoCommand::DatasetManagement(dsm)) => {
@@ -1236,6 +1721,8 @@ impl Connection {
                         byte_ranges.push((range.slba << ns.block_shift, blocks << ns.block_shift));
                     }
                 }
+                // The range list is parsed: its buffer is not held further.
+                drop(hold);
                 let class = self.class_tag(ctrl, &ns);
                 self.submit_io(
                     ns,
@@ -1244,7 +1731,7 @@ impl Connection {
                     IoOp::Discard {
                         ranges: byte_ranges,
                     },
-                    Completion::Sink(r, Responder::tag(cid, false)),
+                    Completion::Sink(r, Responder::tag(cid, false, 0)),
                 );
             }
             _ => r.status(cid, Status::INTERNAL_ERROR),
@@ -1277,7 +1764,12 @@ impl Connection {
                 IoOp::Flush,
                 Completion::callback(move |done| {
                     if let Err(e) = &done.result {
-                        log::warn!("flush failed: {e}");
+                        limited!(
+                            r.target.log_limiter,
+                            log::Level::Warn,
+                            "io-error",
+                            "flush failed: {e}"
+                        );
                         failed.store(true, Ordering::Relaxed);
                     }
                     if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -1300,15 +1792,29 @@ impl Connection {
     }
 
     async fn finish(&mut self, end: End) {
-        // Commands waiting for data will never get it.
+        // Commands waiting for data or for budget will never get it; their
+        // buffers and reservations go now.
         for (_, _p) in self.pending.drain() {
             self.responder.finish_one();
         }
+        for _ in self.deferred.drain(..) {
+            self.responder.finish_one();
+        }
         match &end {
-            End::PeerClosed | End::Disconnect | End::Shutdown | End::ControllerGone => {
+            End::PeerClosed
+            | End::Disconnect
+            | End::Shutdown
+            | End::ControllerGone
+            | End::QueueReset => {
                 log::debug!("{}: connection ended: {end:?}", self.peer)
             }
-            _ => log::warn!("{}: connection ended: {end:?}", self.peer),
+            _ => limited!(
+                self.target.log_limiter,
+                log::Level::Warn,
+                "connection-ended",
+                "{}: connection ended: {end:?}",
+                self.peer
+            ),
         }
         match &self.state {
             QueueState::Admin(ctrl) => {
@@ -1317,17 +1823,24 @@ impl Connection {
                 ctrl.drop_pending_aers();
                 teardown(&self.target, ctrl, "admin queue closed");
             }
-            QueueState::Io(ctrl, qid, _) => {
-                ctrl.detach_io_queue(*qid);
+            QueueState::Io(ctrl, qid, _, lease) => {
+                ctrl.detach_io_queue(*qid, lease.epoch);
                 if end.is_fatal() {
                     teardown(&self.target, ctrl, "fatal error on an I/O queue");
                 }
             }
             _ => {}
         }
+        if end.abandons_output() {
+            // Nobody to send to: close now. Commands still at a backend
+            // complete into a closed channel.
+            self.abort_writer.cancel();
+            return;
+        }
         // Let in-flight commands complete (their completions go out before
         // the close) unless the socket is already broken. Bounded: a backend
-        // stuck for longer is not worth hanging shutdown for.
+        // stuck for longer is not worth hanging shutdown for, and a host
+        // that does not read is cut off by the writer's send timeout.
         if !matches!(end, End::SocketError(_)) {
             for _ in 0..1000 {
                 if self.responder.sq.inflight.load(Ordering::Acquire) == 0 {
@@ -1345,7 +1858,10 @@ fn teardown(target: &Target, ctrl: &Controller, why: &str) {
     if !ctrl.teardown.is_cancelled() {
         ctrl.teardown.cancel();
         target.unregister_controller(ctrl.cntlid);
-        log::info!(
+        limited!(
+            target.log_limiter,
+            log::Level::Info,
+            "controller-torn-down",
             "controller {} of host {} on {} torn down: {why}",
             ctrl.cntlid,
             ctrl.host_nqn,
@@ -1371,7 +1887,12 @@ fn spawn_keep_alive_monitor(target: Arc<Target>, ctrl: Arc<Controller>) {
                 _ = tokio::time::sleep(Duration::from_millis(tick)) => {}
             }
             if ctrl.keep_alive_expired(target.now_ms()) {
-                log::warn!(
+                // Every queue of the controller, admin and I/O, closes: they
+                // all watch `teardown`.
+                limited!(
+                    target.log_limiter,
+                    log::Level::Warn,
+                    "keep-alive",
                     "controller {} of host {}: keep-alive timeout ({} ms)",
                     ctrl.cntlid,
                     ctrl.host_nqn,

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nvmf_proto::command::{
-    cns, log_id, AdminCommand, GetFeatures, GetLogPage, Identify, SetFeatures,
+    cns, log_id, AdminCommand, GetFeatures, GetLogPage, Identify, SetFeatures, IDENTIFY_DATA_LEN,
 };
 use nvmf_proto::fabrics::{
     arbitration_mechanism, property, Capabilities, ControllerConfiguration, ControllerStatus,
@@ -23,7 +23,7 @@ use nvmf_proto::identify::{
     LbaFormat, NamespaceIdDescriptor, CTRATT_HOST_ID_128,
 };
 use nvmf_proto::log_page::{
-    adrfam, copy_window, subtype, tcp_sectype, treq, trtype, DiscoveryLogEntry, DiscoveryLogPage,
+    adrfam, subtype, tcp_sectype, treq, trtype, DiscoveryLogEntry, DiscoveryLogPage,
     GimbalViewPage, SmartLog, ERROR_LOG_ENTRY_LEN, SMART_LOG_LEN,
 };
 use nvmf_proto::{SglKind, Sqe, Status};
@@ -31,6 +31,7 @@ use qos_core::class_arbiter::{ArbiterConfig, ArbitrationMode, DRR_QUANTUM_UNIT_B
 use qos_core::congestion::CongestionState;
 use tokio_util::sync::CancellationToken;
 
+use crate::frontend::budget::DISCOVERY_DEFAULT_KATO_MS;
 use crate::frontend::target::{Namespace, Subsystem, Target};
 
 /// IEEE OUI reported in Identify Controller: none registered, so zero.
@@ -45,6 +46,11 @@ const ERROR_LOG_ENTRIES: usize = 1;
 const READY_TIMEOUT_500MS: u8 = 15;
 /// Keep Alive Support granularity (KAS), in 100 ms units.
 const KEEP_ALIVE_GRANULARITY_100MS: u16 = 1;
+/// The only I/O queue entry sizes the NVM command set has: 2^6 = 64-byte
+/// SQEs and 2^4 = 16-byte CQEs (Identify Controller SQES/CQES report
+/// exactly these).
+const NVM_IOSQES: u8 = 6;
+const NVM_IOCQES: u8 = 4;
 
 /// Mutable controller state, behind one lock (touched only by admin
 /// commands and queue connects, never on the I/O path).
@@ -56,6 +62,12 @@ struct Registers {
     /// I/O queues granted by Set Features (Number of Queues).
     granted_io_queues: u16,
     io_queues: BTreeSet<u16>,
+    /// Bumped by every controller reset: a queue attached before it may
+    /// not detach a queue of the same ID attached after it.
+    io_epoch: u64,
+    /// Cancelled by a controller reset (CC.EN 1 -> 0): every I/O queue
+    /// attached since the last reset closes. A child of `teardown`.
+    io_queues_reset: CancellationToken,
     arbitration: Arbitration,
     /// CIDs of Asynchronous Event Requests waiting for an event.
     pending_aers: Vec<u16>,
@@ -98,8 +110,11 @@ pub enum AdminOutcome {
         dw0: u32,
         /// Completion dword 1 (high half of an 8-byte property).
         dw1: u32,
-        /// Data for the host, already cut to the command's transfer length.
+        /// Data for the host (at most what the command asked for).
         data: Vec<u8>,
+        /// Zero bytes that follow `data` up to the command's transfer
+        /// length: sent from a static page, never allocated.
+        zeros: usize,
     },
     /// An Asynchronous Event Request the controller holds until an event.
     Held,
@@ -114,6 +129,7 @@ impl AdminOutcome {
             dw0: 0,
             dw1: 0,
             data: Vec::new(),
+            zeros: 0,
         }
     }
     fn ok_dw0(dw0: u32) -> Self {
@@ -122,8 +138,19 @@ impl AdminOutcome {
             dw0,
             dw1: 0,
             data: Vec::new(),
+            zeros: 0,
         }
     }
+}
+
+/// An attached I/O queue's hold on its controller.
+#[derive(Debug, Clone)]
+pub struct IoQueueLease {
+    /// The controller's reset epoch when the queue attached.
+    pub epoch: u64,
+    /// Cancelled when the controller is reset or torn down: the queue
+    /// closes.
+    pub reset: CancellationToken,
 }
 
 /// Who is connecting: from the Connect data, plus the tenant index.
@@ -147,6 +174,7 @@ impl Controller {
         kato_ms: u32,
         now_ms: u64,
     ) -> Self {
+        let teardown = CancellationToken::new();
         Controller {
             cntlid,
             subsystem,
@@ -160,12 +188,14 @@ impl Controller {
                 kato_ms,
                 granted_io_queues: 0,
                 io_queues: BTreeSet::new(),
+                io_epoch: 0,
+                io_queues_reset: teardown.child_token(),
                 arbitration: Arbitration::from_dword(0),
                 pending_aers: Vec::new(),
             }),
             last_activity_ms: AtomicU64::new(now_ms),
             ams: AtomicU8::new(arbitration_mechanism::ROUND_ROBIN),
-            teardown: CancellationToken::new(),
+            teardown,
         }
     }
 
@@ -206,8 +236,21 @@ impl Controller {
         self.regs().csts.ready
     }
 
-    /// Attaches I/O queue `qid`. Errors name what is wrong.
-    pub fn attach_io_queue(&self, qid: u16) -> Result<(), &'static str> {
+    /// The KATO a host gets when it asks for `asked_ms` (in Connect or
+    /// Set Features): clamped into the configured bounds; a discovery
+    /// controller asked for none gets [`DISCOVERY_DEFAULT_KATO_MS`] unless a
+    /// default is configured.
+    pub fn kato_for(target: &Target, discovery: bool, asked_ms: u32) -> u32 {
+        let ka = &target.config.keep_alive;
+        match clamp_kato(asked_ms, ka.min_ms, ka.max_ms, ka.default_ms) {
+            0 if discovery => DISCOVERY_DEFAULT_KATO_MS,
+            kato => kato,
+        }
+    }
+
+    /// Attaches I/O queue `qid`. Errors name what is wrong. On success: the
+    /// epoch to detach it with, and the token a controller reset cancels.
+    pub fn attach_io_queue(&self, qid: u16) -> Result<IoQueueLease, &'static str> {
         let mut r = self.regs();
         if !r.csts.ready {
             return Err("controller not enabled");
@@ -218,12 +261,19 @@ impl Controller {
         if !r.io_queues.insert(qid) {
             return Err("queue already connected");
         }
-        Ok(())
+        Ok(IoQueueLease {
+            epoch: r.io_epoch,
+            reset: r.io_queues_reset.clone(),
+        })
     }
 
-    /// Detaches I/O queue `qid` (its connection closed).
-    pub fn detach_io_queue(&self, qid: u16) {
-        self.regs().io_queues.remove(&qid);
+    /// Detaches I/O queue `qid` (its connection closed), unless a controller
+    /// reset since `epoch` detached it already.
+    pub fn detach_io_queue(&self, qid: u16, epoch: u64) {
+        let mut r = self.regs();
+        if r.io_epoch == epoch {
+            r.io_queues.remove(&qid);
+        }
     }
 
     /// Forgets a held AER (its connection is gone).
@@ -292,20 +342,6 @@ impl Controller {
             Ok(c) => c,
             Err(_) => return AdminOutcome::status(Status::INVALID_FIELD.with_dnr()),
         };
-        let transfer_len = match sqe.dptr.kind() {
-            SglKind::Transport { length } => length as usize,
-            _ => 0,
-        };
-        let data_reply = |data: Vec<u8>| -> AdminOutcome {
-            let mut data = data;
-            data.truncate(transfer_len);
-            AdminOutcome::Reply {
-                status: Status::SUCCESS,
-                dw0: 0,
-                dw1: 0,
-                data,
-            }
-        };
         match cmd {
             AdminCommand::Fabrics(f) => self.handle_fabrics(target, f),
             AdminCommand::KeepAlive => AdminOutcome::status(Status::SUCCESS),
@@ -321,14 +357,20 @@ impl Controller {
             _ if !self.is_ready() => {
                 AdminOutcome::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
             }
-            AdminCommand::Identify(id) => match self.identify(target, &id) {
-                Ok(page) => data_reply(page),
-                Err(status) => AdminOutcome::status(status),
-            },
-            AdminCommand::GetLogPage(glp) => match self.log_page(target, &glp) {
-                Ok(page) => data_reply(page),
-                Err(status) => AdminOutcome::status(status),
-            },
+            AdminCommand::Identify(id) => {
+                // NVMe Base 2.0, Identify: the data structure is 4 KiB and
+                // the data pointer must describe exactly that much; Linux
+                // nvmet answers any other transfer length (zero included)
+                // with Data SGL Length Invalid before looking at CNS.
+                if let Err(status) = c2h_transfer_len(sqe, IDENTIFY_DATA_LEN as u64) {
+                    return AdminOutcome::status(status);
+                }
+                match self.identify(target, &id) {
+                    Ok(page) => data_reply(page, IDENTIFY_DATA_LEN),
+                    Err(status) => AdminOutcome::status(status),
+                }
+            }
+            AdminCommand::GetLogPage(glp) => self.log_page(target, sqe, &glp),
             AdminCommand::SetFeatures(sf) => self.set_features(target, &sf),
             AdminCommand::GetFeatures(gf) => self.get_features(&gf),
             AdminCommand::Other(_) => AdminOutcome::status(Status::INVALID_OPCODE.with_dnr()),
@@ -351,6 +393,7 @@ impl Controller {
                     dw0: value as u32,
                     dw1: (value >> 32) as u32,
                     data: Vec::new(),
+                    zeros: 0,
                 }
             }
             FabricsCommand::PropertySet(ps) => {
@@ -369,36 +412,61 @@ impl Controller {
         }
     }
 
-    /// CC write: enabling sets CSTS.RDY, disabling clears it, a shutdown
-    /// notification completes at once (nothing is cached in the controller;
-    /// backends flush on the host's Flush).
+    /// CC write. Enabling (CC.EN 0 -> 1) sets CSTS.RDY, or CSTS.CFS and
+    /// not ready when the configuration is one the controller cannot run;
+    /// disabling (1 -> 0) is a controller reset; a shutdown notification
+    /// completes at once (nothing is cached in the controller; backends
+    /// flush on the host's Flush).
     fn write_cc(&self, cc: ControllerConfiguration) {
         let mut r = self.regs();
         let was_enabled = r.cc.enable;
         r.cc = cc;
         if cc.enable && !was_enabled {
-            // Round robin, weighted round robin with urgent and the
-            // vendor-specific DRR are offered (CAP.AMS); any other value is
-            // reserved and leaves the controller not ready.
-            let supported = matches!(
-                cc.ams,
-                arbitration_mechanism::ROUND_ROBIN
-                    | arbitration_mechanism::WEIGHTED_ROUND_ROBIN_URGENT
-                    | arbitration_mechanism::VENDOR_SPECIFIC
-            );
+            let supported = self.cc_supported(&cc);
             r.csts.ready = supported;
+            r.csts.fatal = !supported;
             if supported {
                 self.ams.store(cc.ams, Ordering::Relaxed);
-            } else {
-                r.csts.fatal = true;
             }
         } else if !cc.enable && was_enabled {
+            // NVMe Base 2.0, "Controller Level Reset": clearing CC.EN
+            // resets the controller and deletes its I/O submission and
+            // completion queues; over a fabric that means the I/O queues'
+            // connections are torn down while the admin queue stays
+            // (NVMe over Fabrics 1.1, "Controller Level Reset"). So every
+            // I/O queue of this controller stops serving and closes, and
+            // the host connects new ones after enabling again.
             r.csts.ready = false;
+            r.csts.fatal = false;
             r.csts.shst = 0;
+            r.io_queues_reset.cancel();
+            r.io_queues_reset = self.teardown.child_token();
+            r.io_epoch += 1;
+            r.io_queues.clear();
         }
         if cc.shn != 0 {
             r.csts.shst = 2;
         }
+    }
+
+    /// Whether a controller enabled with `cc` can run (else CSTS.CFS, as
+    /// Linux nvmet's `nvmet_start_ctrl`): I/O queue entry sizes must be the
+    /// NVM command set's (NVMe Base 2.0, CC.IOSQES/IOCQES; a discovery
+    /// controller has no I/O queues, and like nvmet we do not hold its host
+    /// to clearing them), the memory page size within CAP.MPSMIN..MPSMAX
+    /// (both 0: 4 KiB), the command set the NVM one (the only one CAP.CSS
+    /// offers), and the arbitration mechanism one CAP.AMS offers: round
+    /// robin, weighted round robin with urgent, or the vendor-specific DRR.
+    fn cc_supported(&self, cc: &ControllerConfiguration) -> bool {
+        let entry_sizes =
+            self.is_discovery() || (cc.iosqes == NVM_IOSQES && cc.iocqes == NVM_IOCQES);
+        let ams = matches!(
+            cc.ams,
+            arbitration_mechanism::ROUND_ROBIN
+                | arbitration_mechanism::WEIGHTED_ROUND_ROBIN_URGENT
+                | arbitration_mechanism::VENDOR_SPECIFIC
+        );
+        entry_sizes && cc.mps == 0 && cc.css == 0 && ams
     }
 
     fn identify(&self, target: &Target, id: &Identify) -> Result<Vec<u8>, Status> {
@@ -470,6 +538,9 @@ impl Controller {
                 id.serial_number = "GIMBALDISCOVERY".into();
                 id.model_number = "gimbal-target discovery".into();
                 id.cntrltype = controller_type::DISCOVERY;
+                // The discovery log page is bounded by MDTS like any
+                // transfer (see `log_page`).
+                id.mdts = (limits.max_data_transfer_bytes / 4096).trailing_zeros() as u8;
             }
             Some(s) => {
                 id.serial_number = s.config.serial.clone();
@@ -498,7 +569,39 @@ impl Controller {
         id
     }
 
-    fn log_page(&self, target: &Target, glp: &GetLogPage) -> Result<Vec<u8>, Status> {
+    /// Get Log Page, never allocating more than the page's real size
+    /// (whatever NUMD says), in the order Linux nvmet checks: the data
+    /// pointer must describe exactly NUMD's length (else Data SGL Length
+    /// Invalid), which must not exceed MDTS (NVMe Base 2.0, Identify
+    /// Controller MDTS: a larger transfer is aborted with Invalid Field in
+    /// Command); LPO must be dword aligned and within the page (Get Log
+    /// Page, Log Page Offset: Invalid Field). Bytes asked for beyond the
+    /// page's end read as zeros, sent from a static page.
+    fn log_page(&self, target: &Target, sqe: &Sqe, glp: &GetLogPage) -> AdminOutcome {
+        let want = match c2h_transfer_len(sqe, glp.data_len()) {
+            Ok(len) => len,
+            Err(status) => return AdminOutcome::status(status),
+        };
+        if want > target.config.limits.max_data_transfer_bytes as usize {
+            return AdminOutcome::status(Status::INVALID_FIELD.with_dnr());
+        }
+        if glp.offset_is_index || glp.offset % 4 != 0 {
+            return AdminOutcome::status(Status::INVALID_FIELD.with_dnr());
+        }
+        let page = match self.log_page_bytes(target, glp) {
+            Ok(page) => page,
+            Err(status) => return AdminOutcome::status(status),
+        };
+        if glp.offset > page.len() as u64 {
+            return AdminOutcome::status(Status::INVALID_FIELD.with_dnr());
+        }
+        let start = glp.offset as usize;
+        let end = page.len().min(start + want);
+        data_reply(page[start..end].to_vec(), want)
+    }
+
+    /// The whole log page `glp` names, at its real size.
+    fn log_page_bytes(&self, target: &Target, glp: &GetLogPage) -> Result<Vec<u8>, Status> {
         let page: Vec<u8> = match glp.lid {
             log_id::DISCOVERY if self.is_discovery() => discovery_log(target, &self.host_nqn)
                 .to_bytes()
@@ -529,16 +632,7 @@ impl Controller {
             }
             _ => return Err(Status::INVALID_LOG_PAGE.with_dnr()),
         };
-        let want = glp.data_len() as usize;
-        if glp.offset_is_index {
-            return Err(Status::INVALID_FIELD.with_dnr());
-        }
-        if glp.offset > page.len() as u64 {
-            return Err(Status::INVALID_FIELD.with_dnr());
-        }
-        let mut out = vec![0u8; want];
-        copy_window(&page, glp.offset, &mut out);
-        Ok(out)
+        Ok(page)
     }
 
     fn set_features(&self, target: &Target, sf: &SetFeatures) -> AdminOutcome {
@@ -559,8 +653,7 @@ impl Controller {
                 AdminOutcome::ok_dw0(NumberOfQueues::with_count(granted).to_dword())
             }
             feature_id::KEEP_ALIVE_TIMER => {
-                let ka = &target.config.keep_alive;
-                r.kato_ms = clamp_kato(sf.cdw11, ka.min_ms, ka.max_ms, ka.default_ms);
+                r.kato_ms = Self::kato_for(target, self.is_discovery(), sf.cdw11);
                 AdminOutcome::status(Status::SUCCESS)
             }
             feature_id::ARBITRATION if !self.is_discovery() => {
@@ -594,6 +687,36 @@ impl Controller {
             feature_id::VOLATILE_WRITE_CACHE if !self.is_discovery() => AdminOutcome::ok_dw0(1),
             _ => AdminOutcome::status(Status::INVALID_FIELD.with_dnr()),
         }
+    }
+}
+
+/// A controller-to-host transfer's length: the data pointer must be a
+/// transport data block describing exactly `expected` bytes, as Linux nvmet
+/// checks (`nvmet_check_transfer_len`): any other length, zero included,
+/// is Data SGL Length Invalid; in-capsule data cannot carry data to the
+/// host (Invalid Field, as nvmet-tcp); other descriptor types are not
+/// NVMe/TCP's (SGL Descriptor Type Invalid).
+fn c2h_transfer_len(sqe: &Sqe, expected: u64) -> Result<usize, Status> {
+    if u64::from(sqe.dptr.length) != expected {
+        return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+    }
+    match sqe.dptr.kind() {
+        SglKind::Transport { length } => Ok(length as usize),
+        SglKind::InCapsule { .. } => Err(Status::INVALID_FIELD.with_dnr()),
+        SglKind::Unsupported { .. } => Err(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr()),
+    }
+}
+
+/// A successful reply carrying `data` (at most `len` bytes) zero-filled to
+/// `len`.
+fn data_reply(mut data: Vec<u8>, len: usize) -> AdminOutcome {
+    data.truncate(len);
+    AdminOutcome::Reply {
+        status: Status::SUCCESS,
+        dw0: 0,
+        dw1: 0,
+        zeros: len - data.len(),
+        data,
     }
 }
 

@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{self, BackendInfo};
 use crate::config::{NamespaceConfig, QosMode, SubsystemConfig, TargetConfig};
+use crate::frontend::budget::BytePool;
 use crate::frontend::controller::Controller;
+use crate::frontend::log_limit::LogLimiter;
 use crate::pipeline::Pipeline;
 
 /// One namespace: its geometry, identity and pipeline.
@@ -138,6 +140,13 @@ pub struct Target {
     pub shutdown: CancellationToken,
     /// Connections accepted so far (for status and tests).
     pub connections_accepted: AtomicU64,
+    /// Connections being served now (at most `limits.max_connections`).
+    pub connections_live: AtomicUsize,
+    /// Bytes all queues together may hold buffered
+    /// (`limits.max_buffered_bytes`; see `frontend::budget`).
+    pub buffered: Arc<BytePool>,
+    /// Rate limits for log lines a host can provoke.
+    pub log_limiter: LogLimiter,
 }
 
 impl Target {
@@ -158,6 +167,9 @@ impl Target {
                 }),
             );
         }
+        let buffered = Arc::new(BytePool::new(
+            usize::try_from(config.limits.max_buffered_bytes).unwrap_or(usize::MAX),
+        ));
         Ok(Target {
             config,
             subsystems,
@@ -169,6 +181,9 @@ impl Target {
             inflight: AtomicUsize::new(0),
             shutdown: CancellationToken::new(),
             connections_accepted: AtomicU64::new(0),
+            connections_live: AtomicUsize::new(0),
+            buffered,
+            log_limiter: LogLimiter::default(),
         })
     }
 

@@ -22,6 +22,16 @@ use nvmf_proto::{Cqe, Decoded, DecoderConfig, PduDecoder, SglDescriptor, Sqe};
 
 pub const DEMO_NQN: &str = "nqn.2026-01.io.gimbal:demo";
 pub const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+/// The host identifier the test host sends in Connect.
+pub const HOST_ID: [u8; 16] = [7; 16];
+
+/// What [`TestHost::recv_within`] saw.
+#[derive(Debug)]
+pub enum Polled {
+    Pdu(Pdu<'static>),
+    Closed,
+    Nothing,
+}
 
 /// Starts a target from TOML text on an ephemeral loopback port.
 pub fn start_target(toml: &str) -> TargetHandle {
@@ -114,6 +124,75 @@ impl TestHost {
         self.recv_or_close().expect("target closed the connection")
     }
 
+    /// The next PDU if one arrives within `wait`.
+    pub fn recv_within(&mut self, wait: Duration) -> Polled {
+        self.stream.set_read_timeout(Some(wait)).unwrap();
+        let polled = loop {
+            match self
+                .decoder
+                .decode(&self.buf)
+                .expect("target sent a valid PDU")
+            {
+                Decoded::Pdu { pdu, consumed } => {
+                    let pdu = pdu.into_owned();
+                    self.buf.drain(..consumed);
+                    break Polled::Pdu(pdu);
+                }
+                Decoded::NeedMore(_) => {
+                    let mut chunk = [0u8; 65536];
+                    match self.stream.read(&mut chunk) {
+                        Ok(0) => break Polled::Closed,
+                        Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                            break Polled::Closed
+                        }
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) =>
+                        {
+                            break Polled::Nothing
+                        }
+                        Err(e) => panic!("reading from the target: {e}"),
+                    }
+                }
+            }
+        };
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        polled
+    }
+
+    /// Reads (and drops) everything until the target closes the
+    /// connection; panics if it stays open for `limit`.
+    pub fn drain_until_closed(&mut self, limit: Duration) {
+        let start = std::time::Instant::now();
+        loop {
+            assert!(
+                start.elapsed() < limit,
+                "the target kept the connection open for {limit:?}"
+            );
+            self.buf.clear();
+            let mut chunk = vec![0u8; 1 << 20];
+            self.stream
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => panic!("reading from the target: {e}"),
+            }
+        }
+    }
+
     /// True when the target closes the connection (after an optional
     /// C2HTermReq, which is returned).
     pub fn expect_termination(&mut self) -> Option<nvmf_proto::pdu::TermReq<'static>> {
@@ -178,8 +257,18 @@ impl TestHost {
     }
 
     pub fn connect_data(&self, subnqn: &str, hostnqn: &str, cntlid: u16) -> Vec<u8> {
+        self.connect_data_with_id(subnqn, hostnqn, cntlid, HOST_ID)
+    }
+
+    pub fn connect_data_with_id(
+        &self,
+        subnqn: &str,
+        hostnqn: &str,
+        cntlid: u16,
+        host_id: [u8; 16],
+    ) -> Vec<u8> {
         ConnectData {
-            host_id: [7; 16],
+            host_id,
             cntlid,
             subnqn: subnqn.into(),
             hostnqn: hostnqn.into(),
@@ -210,6 +299,37 @@ impl TestHost {
     /// Admin connect, enable, and grant `queues` I/O queues.
     pub fn bring_up(addr: SocketAddr, hdgst: bool, ddgst: bool, queues: u16) -> TestHost {
         TestHost::bring_up_as(addr, HOST_NQN, hdgst, ddgst, queues)
+    }
+
+    /// [`TestHost::bring_up`] asking for a keep-alive timeout of `kato_ms`.
+    pub fn bring_up_with_kato(addr: SocketAddr, kato_ms: u32, queues: u16) -> TestHost {
+        let mut h = TestHost::connect(addr);
+        h.icreq(false, false);
+        let cqe = h.connect_admin_as(DEMO_NQN, HOST_NQN, kato_ms);
+        assert!(cqe.status.is_success(), "admin connect: {cqe:?}");
+        h.enable();
+        let cid = h.cid();
+        let sf = nvmf_proto::command::SetFeatures::new(
+            feature_id::NUMBER_OF_QUEUES,
+            NumberOfQueues::with_count(queues).to_dword(),
+        );
+        let (cqe, _) = h.command(AdminCommand::SetFeatures(sf).to_sqe(cid), None);
+        assert!(cqe.status.is_success());
+        h
+    }
+
+    /// Sends read capsules (of `len` bytes each, from LBA 0 of namespace 1
+    /// in 512-byte blocks) with CIDs `cids`, without waiting for anything.
+    pub fn send_reads(&mut self, cids: std::ops::Range<u16>, len: u32) {
+        let mut bytes = Vec::new();
+        for cid in cids {
+            let sqe = IoCommand::read(1, 0, len / 512, len).unwrap().to_sqe(cid);
+            Pdu::CapsuleCmd(CapsuleCmd::new(sqe))
+                .encode(&self.enc, &mut bytes)
+                .unwrap();
+        }
+        // The target may close before all of it is taken.
+        let _ = self.stream.write_all(&bytes);
     }
 
     /// [`TestHost::bring_up`] as another host NQN (another tenant).
@@ -282,6 +402,25 @@ impl TestHost {
         assert!(cqe.status.is_success(), "io connect: {cqe:?}");
         h.cntlid = cntlid;
         h
+    }
+
+    /// An I/O queue `qid` of `cntlid` with `depth` entries, as the demo
+    /// host; returns the Connect's completion whatever it is.
+    pub fn try_connect_io(
+        addr: SocketAddr,
+        cntlid: u16,
+        qid: u16,
+        depth: u16,
+        host_id: [u8; 16],
+    ) -> (TestHost, Cqe) {
+        let mut h = TestHost::connect(addr);
+        h.icreq(false, false);
+        let cid = h.cid();
+        let sqe = Connect::io(qid, depth, PriorityClass::Medium).to_sqe(cid);
+        let data = h.connect_data_with_id(DEMO_NQN, HOST_NQN, cntlid, host_id);
+        let (cqe, _) = h.command(sqe, Some(&data));
+        h.cntlid = cntlid;
+        (h, cqe)
     }
 
     pub fn identify(&mut self, cns_value: u8, nsid: u32) -> (Cqe, Vec<u8>) {
