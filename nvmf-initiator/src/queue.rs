@@ -345,17 +345,27 @@ struct Piece {
 
 struct Slot {
     generation: u16,
+    /// Times the slot was taken: tells its commands apart even when their
+    /// CIDs are equal (no generation bits above 32768 slots).
+    uses: u32,
     piece: Option<Piece>,
 }
 
+/// A PDU waiting to be sent. Capsules and data name their command by slot
+/// and by the slot's `uses`: if the command completed meanwhile (the target
+/// may complete a command before its data went out) and the slot went to
+/// another one, they no longer match and the PDU is dropped.
 enum Out {
     Bytes(Vec<u8>),
     Capsule {
         slot: u16,
+        uses: u32,
         sqe: Sqe,
     },
     H2C {
         slot: u16,
+        uses: u32,
+        cid: u16,
         ttag: u16,
         datao: u32,
         len: u32,
@@ -444,6 +454,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             slots: (0..depth)
                 .map(|_| Slot {
                     generation: 0,
+                    uses: 0,
                     piece: None,
                 })
                 .collect(),
@@ -586,7 +597,12 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             return Err(Error::InvalidRequest("buffer larger than 4 GiB"));
         }
         match *command {
-            Command::Read { block_size, .. } | Command::Write { block_size, .. } => {
+            Command::Read {
+                block_size, slba, ..
+            }
+            | Command::Write {
+                block_size, slba, ..
+            } => {
                 if block_size == 0 || !block_size.is_power_of_two() {
                     return Err(Error::InvalidRequest("block size must be a power of two"));
                 }
@@ -594,6 +610,14 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                     return Err(Error::InvalidRequest(
                         "buffer must be a non-zero multiple of the block size",
                     ));
+                }
+                // Every piece's first LBA (slba + offset / block size) must
+                // exist: a wrapped one would address the wrong blocks.
+                if slba
+                    .checked_add((len / block_size as usize) as u64)
+                    .is_none()
+                {
+                    return Err(Error::InvalidRequest("LBA range past 2^64"));
                 }
                 if self.cfg.max_transfer_bytes < block_size {
                     return Err(Error::InvalidRequest(
@@ -639,7 +663,10 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
     }
 
     fn cid(&self, slot: u16) -> u16 {
-        (self.slots[slot as usize].generation << self.slot_bits) | slot
+        // In u32: with more than 32768 slots `slot_bits` is 16 and no bit
+        // is left for the generation (it stays 0).
+        ((u32::from(self.slots[slot as usize].generation) << self.slot_bits) | u32::from(slot))
+            as u16
     }
 
     fn take_slot(&mut self) -> Option<u16> {
@@ -647,6 +674,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         let s = &mut self.slots[slot as usize];
         let gen_mask = (1u32 << (16 - self.slot_bits)) - 1;
         s.generation = ((u32::from(s.generation) + 1) & gen_mask) as u16;
+        s.uses = s.uses.wrapping_add(1);
         Some(slot)
     }
 
@@ -662,7 +690,8 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             let mut sqe = sqe;
             sqe.cid = cid;
             self.slots[slot as usize].piece = Some(piece);
-            self.out.push_back(Out::Capsule { slot, sqe });
+            let uses = self.slots[slot as usize].uses;
+            self.out.push_back(Out::Capsule { slot, uses, sqe });
             self.stats.commands += 1;
             if piece.in_capsule {
                 self.stats.in_capsule_writes += 1;
@@ -791,10 +820,13 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             };
             match out {
                 Out::Bytes(b) => buf.extend_from_slice(&b),
-                Out::Capsule { slot, sqe } => {
+                Out::Capsule { slot, uses, sqe } => {
                     let Some(p) = self.slots[slot as usize].piece else {
                         continue;
                     };
+                    if self.slots[slot as usize].uses != uses {
+                        continue;
+                    }
                     let Some(r) = self.reqs[p.req].as_ref() else {
                         continue;
                     };
@@ -813,6 +845,8 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                 }
                 Out::H2C {
                     slot,
+                    uses,
+                    cid,
                     ttag,
                     datao,
                     len,
@@ -821,13 +855,16 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                     let Some(p) = self.slots[slot as usize].piece else {
                         continue;
                     };
+                    if self.slots[slot as usize].uses != uses {
+                        continue;
+                    }
                     let Some(r) = self.reqs[p.req].as_ref() else {
                         continue;
                     };
                     let from = (p.offset + datao) as usize;
                     let data = &r.buf.bytes()[from..from + len as usize];
                     let pdu = Pdu::H2CData(H2CData {
-                        cccid: self.cid(slot),
+                        cccid: cid,
                         ttag,
                         datao,
                         last,
@@ -1344,6 +1381,8 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                     let len = (end - off).min(self.maxh2cdata);
                     self.out.push_back(Out::H2C {
                         slot,
+                        uses: self.slots[slot as usize].uses,
+                        cid: r2t.cccid,
                         ttag: r2t.ttag,
                         datao: off,
                         len,
@@ -1365,7 +1404,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
 
     /// The outstanding piece a CID names, or a protocol violation.
     fn lookup(&self, cid: u16) -> Result<(u16, Piece), Error> {
-        let mask = (1u16 << self.slot_bits) - 1;
+        let mask = ((1u32 << self.slot_bits) - 1) as u16;
         let slot = cid & mask;
         let stale = || {
             Self::violation(ProtoError::SequenceError {
@@ -1374,7 +1413,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         };
         let s = self.slots.get(slot as usize).ok_or_else(stale)?;
         match s.piece {
-            Some(p) if cid >> self.slot_bits == s.generation => Ok((slot, p)),
+            Some(p) if (u32::from(cid) >> self.slot_bits) as u16 == s.generation => Ok((slot, p)),
             _ => Err(stale()),
         }
     }
