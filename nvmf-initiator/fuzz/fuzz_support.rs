@@ -43,6 +43,11 @@ use nvmf_proto::{
     IcResp, Negotiated, Pdu, PduDecoder, Role, SglKind, Sqe, Status, TermReq, R2T,
 };
 
+#[path = "../../tests/fuzz/script.rs"]
+#[macro_use]
+mod script;
+use script::{tracing, Input};
+
 // ---- heap accounting (this thread only) ---------------------------------
 
 /// Counts the heap bytes the current thread holds (allocated minus freed
@@ -101,72 +106,6 @@ unsafe impl GlobalAlloc for ThreadCountingAlloc {
 
 #[global_allocator]
 static ALLOC: ThreadCountingAlloc = ThreadCountingAlloc;
-
-// ---- tracing ----------------------------------------------------------------
-
-/// `FUZZ_TRACE=1`: print every step, capsule and completion (to see what a
-/// failing script does).
-fn tracing() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("FUZZ_TRACE").is_some_and(|v| v == "1"))
-}
-
-macro_rules! trace {
-    ($($arg:tt)*) => {
-        if tracing() {
-            eprintln!($($arg)*);
-        }
-    };
-}
-
-// ---- reading the script ---------------------------------------------------
-
-/// The script's bytes, read front to back; past the end every read is 0.
-pub struct Input<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Input<'a> {
-    /// A script over `data`.
-    pub fn new(data: &'a [u8]) -> Self {
-        Self { data, pos: 0 }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.pos >= self.data.len()
-    }
-
-    fn u8(&mut self) -> u8 {
-        let b = self.data.get(self.pos).copied().unwrap_or(0);
-        self.pos += 1;
-        b
-    }
-
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-
-    fn u32(&mut self) -> u32 {
-        u32::from(self.u16()) | u32::from(self.u16()) << 16
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n <= 256 {
-            u64::from(self.u8()) % n
-        } else {
-            u64::from(self.u32()) % n
-        }
-    }
-
-    fn chance(&mut self, n: u8) -> bool {
-        self.u8() < n
-    }
-
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len() as u64) as usize]
-    }
-}
 
 // ---- the model ------------------------------------------------------------
 
