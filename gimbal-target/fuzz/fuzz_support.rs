@@ -51,7 +51,7 @@ use nvmf_proto::{
 
 #[path = "../../tests/fuzz/script.rs"]
 #[macro_use]
-mod script;
+pub mod script;
 use script::{tracing, Input};
 
 // ---- the target under test ----------------------------------------------

@@ -17,39 +17,16 @@ mod fuzz_support;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
+use fuzz_support::script::{env_u64, seeded_script};
 use fuzz_support::{CaseStats, Harness};
 
 /// Scripts per CI run.
 const CASES: u64 = 300;
 const BASE_SEED: u64 = 0x6a17_ba15_0000_0000;
 
-/// splitmix64: one seed, one stream of script bytes.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// The script for `seed`: 64 to 1,000 bytes.
 fn script(seed: u64) -> Vec<u8> {
-    let mut rng = Rng(seed);
-    let len = 64 + (rng.next() % 937) as usize;
-    (0..len).map(|_| rng.next() as u8).collect()
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    let v = v.trim();
-    match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => v.parse().ok(),
-    }
+    seeded_script(seed, 64, 937)
 }
 
 /// Runs one script; a violation or a panic in the harness fails with the

@@ -45,7 +45,7 @@ use nvmf_proto::{
 
 #[path = "../../tests/fuzz/script.rs"]
 #[macro_use]
-mod script;
+pub mod script;
 use script::{tracing, Input};
 
 // ---- heap accounting (this thread only) ---------------------------------

@@ -1,5 +1,6 @@
 //! What both fuzz drivers (gimbal-target's whole connection, the
-//! initiator's queue core) read a script with, and their step tracing.
+//! initiator's queue core) read a script with, their step tracing, and
+//! how their `cargo test` twins make seeded scripts.
 //! Included by path (`#[path]`) from each crate's `fuzz/fuzz_support.rs`:
 //! each fuzz crate is a workspace of its own, so a shared crate would need
 //! a path dependency from both for these few lines.
@@ -89,5 +90,38 @@ impl<'a> Input<'a> {
             x as u8
         }));
         v
+    }
+}
+
+// ---- seeded scripts (the cargo-test twins) --------------------------------
+
+/// splitmix64: one seed, one stream of script bytes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// The script for `seed`: `min` to `min + spread - 1` bytes, all from the
+/// seed, so a failing seed replays exactly.
+pub fn seeded_script(seed: u64, min: usize, spread: u64) -> Vec<u8> {
+    let mut rng = Rng(seed);
+    let len = min + (rng.next() % spread) as usize;
+    (0..len).map(|_| rng.next() as u8).collect()
+}
+
+/// An environment variable as a number, decimal or `0x` hex.
+pub fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    let v = v.trim();
+    match v.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => v.parse().ok(),
     }
 }
