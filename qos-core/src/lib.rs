@@ -15,8 +15,9 @@
 //!   virtual view (§3.7)
 //!
 //! Client side (the ublk server):
-//! - [`credit_gate`]: in-flight limit from target credits or a latency
-//!   estimate (§3.6, Algorithm 3)
+//! - [`credit_gate`]: in-flight limit from target credits or, for targets
+//!   that send none, a bandwidth × base-latency estimate (§3.6, Algorithm 3)
+//! - [`base_latency`], [`delivery_rate`]: the estimate's two measurements
 //! - [`rate_limiter`]: IOPS/bandwidth limits with bursts (§4.3)
 //! - [`replica`]: read replica selection (§4.3)
 //! - [`replica_set`]: the set-of-replicas type the client's fan-out uses
@@ -47,6 +48,7 @@ pub mod config;
 pub mod congestion;
 pub mod credit;
 pub mod credit_gate;
+pub mod delivery_rate;
 pub mod error;
 pub mod priority;
 pub mod rate_limiter;

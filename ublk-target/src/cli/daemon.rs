@@ -407,6 +407,15 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
     let credit = q
         .target_credit
         .map_or_else(|| "none".to_owned(), |c| c.to_string());
+    let estimate = if q.window_source == "estimate" && q.estimate_bandwidth_bps > 0 {
+        format!(
+            ": {:.1} MiB/s x {} us base",
+            q.estimate_bandwidth_bps as f64 / f64::from(1 << 20),
+            q.estimate_base_us
+        )
+    } else {
+        String::new()
+    };
     let limit = |n: u64| {
         if n == 0 {
             "max".to_owned()
@@ -416,7 +425,7 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
     };
     format_counters(s)
         + &format!(
-            "  qos: credits {} (window {} from {}, target credit {credit}), in flight {} (max {}, over credit {})\n               qos: local queue {} (max {}), waited {} of {} (mean {} us, max {} us), limiter delays {}, credit waits {}\n               qos: riops {} wiops {} rbps {} wbps {}\n{}",
+            "  qos: credits {} (window {} from {}{estimate}, target credit {credit}), in flight {} (max {}, over credit {})\n               qos: local queue {} (max {}), waited {} of {} (mean {} us, max {} us), limiter delays {}, credit waits {}\n               qos: riops {} wiops {} rbps {} wbps {}\n{}",
             q.credits_mode,
             q.window,
             q.window_source,

@@ -243,9 +243,29 @@ struct RawQos {
     wiops_burst: Option<Spanned<i64>>,
     rbps_burst: Option<Spanned<i64>>,
     wbps_burst: Option<Spanned<i64>>,
-    estimate_latency_min_us: Option<Spanned<i64>>,
-    estimate_latency_max_us: Option<Spanned<i64>>,
+    /// Removed (issue 14); kept to say so instead of "unknown field".
+    estimate_latency_min_us: Option<Spanned<toml::Value>>,
+    /// Removed (issue 14), as above.
+    estimate_latency_max_us: Option<Spanned<toml::Value>>,
+    estimate_gain: Option<Spanned<Number>>,
     estimate_base_window_ms: Option<Spanned<i64>>,
+}
+
+/// A number written as an integer or a float (`2` or `2.5`).
+#[derive(Deserialize, Clone, Copy)]
+#[serde(untagged)]
+enum Number {
+    Int(i64),
+    Float(f64),
+}
+
+impl Number {
+    fn get(self) -> f64 {
+        match self {
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -654,19 +674,31 @@ fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
     l.write_iops_burst = n(&q.wiops_burst, "qos.wiops_burst")?;
     l.read_bps_burst = n(&q.rbps_burst, "qos.rbps_burst")?;
     l.write_bps_burst = n(&q.wbps_burst, "qos.wbps_burst")?;
-    let us = |v: &Option<Spanned<i64>>, f: &str, d: u64| {
-        cx.int(v, f, d as i64, 1..=10_000_000).map(|x| x as u64)
-    };
-    c.estimate_latency_min_us = us(
-        &q.estimate_latency_min_us,
-        "qos.estimate_latency_min_us",
-        c.estimate_latency_min_us,
-    )?;
-    c.estimate_latency_max_us = us(
-        &q.estimate_latency_max_us,
-        "qos.estimate_latency_max_us",
-        c.estimate_latency_max_us,
-    )?;
+    for (old, name) in [
+        (&q.estimate_latency_min_us, "qos.estimate_latency_min_us"),
+        (&q.estimate_latency_max_us, "qos.estimate_latency_max_us"),
+    ] {
+        if let Some(s) = old {
+            return Err(cx.err(
+                s,
+                name,
+                "no longer used: the estimate has no latency thresholds since it \
+                 measures bandwidth × base latency; remove it (qos.estimate_gain \
+                 sets how much queueing the estimate allows)",
+            ));
+        }
+    }
+    if let Some(g) = &q.estimate_gain {
+        let v = g.get_ref().get();
+        if !(1.0..=64.0).contains(&v) {
+            return Err(cx.err(
+                g,
+                "qos.estimate_gain",
+                format!("{v} is out of range (1..=64)"),
+            ));
+        }
+        c.estimate_gain = v;
+    }
     c.estimate_base_window_ms = cx.int(
         &q.estimate_base_window_ms,
         "qos.estimate_base_window_ms",
@@ -674,14 +706,7 @@ fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
         1..=3_600_000,
     )? as u64;
     if let Err(e) = c.validate() {
-        let at = q
-            .estimate_latency_max_us
-            .as_ref()
-            .or(q.estimate_latency_min_us.as_ref());
-        return Err(match at {
-            Some(s) => cx.err(s, "qos.estimate_latency_max_us", e),
-            None => ConfigError::whole_file(cx.file, e),
-        });
+        return Err(ConfigError::whole_file(cx.file, e));
     }
     Ok(c)
 }
@@ -854,6 +879,29 @@ queues = 2
         assert_eq!((e.line, e.field.as_str()), (9, "qos.riops"));
         let e = parse(&format!("{GOOD}[qos]\nread_iops = 1\n")).unwrap_err();
         assert!(e.field.contains("read_iops"), "{e}");
+    }
+
+    #[test]
+    fn estimate_gain_parses_and_removed_thresholds_say_so() {
+        assert_eq!(parse(GOOD).unwrap().qos.estimate_gain, 2.0);
+        for (text, gain) in [("3", 3.0), ("2.5", 2.5), ("1", 1.0)] {
+            let c = parse(&format!("{GOOD}[qos]\nestimate_gain = {text}\n")).unwrap();
+            assert_eq!(c.qos.estimate_gain, gain);
+        }
+        for bad in ["0.5", "65", "nan", "\"two\""] {
+            let e = parse(&format!("{GOOD}[qos]\nestimate_gain = {bad}\n")).unwrap_err();
+            assert_eq!(
+                (e.line, e.field.as_str()),
+                (9, "qos.estimate_gain"),
+                "{bad}: {e}"
+            );
+        }
+        for old in ["estimate_latency_min_us", "estimate_latency_max_us"] {
+            let e = parse(&format!("{GOOD}[qos]\ncredits = \"auto\"\n{old} = 250\n")).unwrap_err();
+            assert_eq!(e.line, 10, "{e}");
+            assert!(e.field.contains(old), "{e}");
+            assert!(e.to_string().contains("no longer used"), "{e}");
+        }
     }
 
     #[test]

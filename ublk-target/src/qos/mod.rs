@@ -57,7 +57,7 @@ use qos_core::{IoKind, Nanos, ReplicaSet};
 use serde::{Deserialize, Serialize};
 
 /// A volume's QoS settings (`[qos]` in its config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct QosConfig {
     /// Where the credit window comes from.
     pub credits: CreditMode,
@@ -67,12 +67,10 @@ pub struct QosConfig {
     pub max_window: u32,
     /// Rate limits (0 = unlimited).
     pub limits: RateLimits,
-    /// Latency thresholds of the estimator (µs; the paper's SSD values by
-    /// default): client-observed latency includes the network and the
-    /// target's own queues, so a slow path needs higher ones.
-    pub estimate_latency_min_us: u64,
-    /// Upper threshold (µs).
-    pub estimate_latency_max_us: u64,
+    /// The estimated window in bandwidth-delay products (qos-core
+    /// `CreditGateConfig::gain`): at a saturated device the gate keeps
+    /// `gain − 1` of them queued.
+    pub estimate_gain: f64,
     /// How long a minimum-latency sample counts as the path's base
     /// latency (ms; qos-core `CreditGateConfig::base_window_ms`).
     pub estimate_base_window_ms: u64,
@@ -87,23 +85,19 @@ impl QosConfig {
             initial_window: g.initial_window,
             max_window: g.max_window,
             limits: RateLimits::default(),
-            estimate_latency_min_us: g.estimator.latency_threshold_min_us,
-            estimate_latency_max_us: g.estimator.latency_threshold_max_us,
+            estimate_gain: g.gain,
             estimate_base_window_ms: g.base_window_ms,
         }
     }
 
     fn gate_config(&self) -> CreditGateConfig {
-        let mut c = CreditGateConfig {
+        CreditGateConfig {
             mode: self.credits,
             initial_window: self.initial_window,
             max_window: self.max_window,
-            ..CreditGateConfig::default()
-        };
-        c.estimator.latency_threshold_min_us = self.estimate_latency_min_us;
-        c.estimator.latency_threshold_max_us = self.estimate_latency_max_us;
-        c.base_window_ms = self.estimate_base_window_ms;
-        c
+            base_window_ms: self.estimate_base_window_ms,
+            gain: self.estimate_gain,
+        }
     }
 
     /// Check what `qos-core` would refuse, as a message.
@@ -242,6 +236,10 @@ pub struct VolumeQos {
 struct QosCounters {
     window: AtomicU32,
     source: AtomicU8,
+    /// The estimate's bandwidth (bytes/s) and base latency (ns) on the
+    /// queue that last admitted with an estimated window (0: none yet).
+    estimate_bps: AtomicU64,
+    estimate_base_ns: AtomicU64,
     last_credit: AtomicU32,
     credit_seen: AtomicBool,
     in_flight: AtomicU64,
@@ -285,6 +283,13 @@ pub struct QosSnapshot {
     pub window: u32,
     /// target, initial, estimate, unlimited.
     pub window_source: String,
+    /// The estimate's bottleneck bandwidth (bytes/s) and base latency (µs)
+    /// behind an estimated window (0 before one was computed).
+    #[serde(default)]
+    pub estimate_bandwidth_bps: u64,
+    /// Base latency of the estimate (µs).
+    #[serde(default)]
+    pub estimate_base_us: u64,
     /// The credit total last reported by the target, if any.
     pub target_credit: Option<u32>,
     /// Admitted and not yet completed (all queues).
@@ -395,6 +400,8 @@ impl VolumeQos {
             credits_mode: mode_name(cfg.credits).into(),
             window: s.window.load(Ordering::Relaxed),
             window_source: source_name(s.source.load(Ordering::Relaxed)).into(),
+            estimate_bandwidth_bps: g(&s.estimate_bps),
+            estimate_base_us: g(&s.estimate_base_ns) / 1000,
             target_credit: s
                 .credit_seen
                 .load(Ordering::Relaxed)
@@ -806,6 +813,13 @@ impl<T> QueueQos<T> {
         }
         s.window.store(window, Ordering::Relaxed);
         s.source.store(source_code(source), Ordering::Relaxed);
+        if source == WindowSource::Estimate {
+            let g = &self.gates[first];
+            if let (Some(bw), Some(base)) = (g.bandwidth_bps(), g.mean_base_ns()) {
+                s.estimate_bps.store(bw as u64, Ordering::Relaxed);
+                s.estimate_base_ns.store(base, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Replica `from`'s path failed under a read: move it to replica `to`

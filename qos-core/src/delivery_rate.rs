@@ -1,0 +1,216 @@
+//! Delivery rate of a path in rounds, and its windowed maximum: the
+//! bottleneck-bandwidth half of the credit gate's estimate (BBR's
+//! `BtlBw`; the other half, the path's unloaded latency, is
+//! [`BaseLatency`](crate::base_latency::BaseLatency)).
+//!
+//! - **Rounds.** A round starts at a completion and ends at the first
+//!   completion after as many further completions as were in flight when
+//!   it started (at least one), i.e. about one round trip. Its sample is
+//!   the bytes completed in the round over the round's duration. Counting
+//!   completions rather than tracking each request keeps the gate free of
+//!   per-request state; completions out of order only move the end by a
+//!   request or two. A round whose completions all carry the start's
+//!   timestamp (one batch of completion queue entries) is extended until
+//!   time has passed, so a sample never divides by zero.
+//! - **Window-bound or not.** A round is *bound* if the gate's window was
+//!   reached at some point during it ([`DeliveryRate::mark_bound`]); then
+//!   its rate is what the path delivered at the window. A round that was
+//!   not bound measured the application's demand, not the path: as in BBR
+//!   such an *app-limited* sample enters the filter only if it raises the
+//!   maximum.
+//! - **The maximum** is over the last [`BANDWIDTH_WINDOW_ROUNDS`] rounds
+//!   that entered it, and samples expire only when a new one enters: an
+//!   idle or app-limited period keeps the last measured bandwidth instead
+//!   of forgetting it (a volume going from QD 1 back to QD 128 starts from
+//!   what the path carried, not from its QD 1 rate), while ten bound
+//!   rounds at a lower rate (a co-tenant arrived, the device slowed) bring
+//!   the maximum down.
+
+use std::collections::VecDeque;
+
+use crate::time::{Nanos, NANOS_PER_SEC};
+
+/// Rounds a bandwidth sample stays in the maximum (BBR's 10 round trips:
+/// long enough to ride out a round or two of noise, short enough to
+/// follow a real drop within a few milliseconds on a fast path).
+pub const BANDWIDTH_WINDOW_ROUNDS: u64 = 10;
+
+/// Round bookkeeping and the windowed-maximum delivery rate.
+#[derive(Clone, Debug, Default)]
+pub struct DeliveryRate {
+    /// Completions so far, and their bytes.
+    delivered: u64,
+    delivered_bytes: u64,
+    /// Rounds completed.
+    round: u64,
+    /// Start of the current round (time, bytes delivered then) and the
+    /// completion count that ends it; `None` before the first completion.
+    start: Option<(Nanos, u64)>,
+    round_end: u64,
+    /// Whether the window was reached during the current round.
+    bound: bool,
+    /// (round, bytes/s), rounds increasing and rates decreasing: the
+    /// front is the maximum of the samples still in the window.
+    samples: VecDeque<(u64, f64)>,
+}
+
+impl DeliveryRate {
+    /// No rounds yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Notes that the gate's window was reached (a request waited, or the
+    /// requests in flight reached the window) during the current round.
+    pub fn mark_bound(&mut self) {
+        self.bound = true;
+    }
+
+    /// Records a completion of `bytes` at `now`; `in_flight` counts the
+    /// requests still in flight after it. Returns the round's sample (bytes
+    /// per second, and whether it was bound) when this completion ends a
+    /// round.
+    pub fn on_completion(&mut self, now: Nanos, bytes: u64, in_flight: u32) -> Option<(f64, bool)> {
+        self.delivered += 1;
+        self.delivered_bytes += bytes;
+        let Some((start, start_bytes)) = self.start else {
+            self.begin(now, in_flight);
+            return None;
+        };
+        let elapsed = now.nanos_since(start);
+        if self.delivered < self.round_end || elapsed == 0 {
+            return None;
+        }
+        let rate =
+            (self.delivered_bytes - start_bytes) as f64 * NANOS_PER_SEC as f64 / elapsed as f64;
+        let bound = self.bound;
+        self.round += 1;
+        if bound || self.max_bps().is_none_or(|max| rate >= max) {
+            self.insert(rate);
+        }
+        self.begin(now, in_flight);
+        Some((rate, bound))
+    }
+
+    fn begin(&mut self, now: Nanos, in_flight: u32) {
+        self.start = Some((now, self.delivered_bytes));
+        self.round_end = self.delivered + u64::from(in_flight.max(1));
+        self.bound = false;
+    }
+
+    /// Adds this round's sample; older ones leave the window now.
+    fn insert(&mut self, rate: f64) {
+        while self.samples.back().is_some_and(|&(_, r)| r <= rate) {
+            self.samples.pop_back();
+        }
+        self.samples.push_back((self.round, rate));
+        let oldest = self.round.saturating_sub(BANDWIDTH_WINDOW_ROUNDS);
+        while self.samples.front().is_some_and(|&(r, _)| r <= oldest) {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The largest sample of the window (bytes per second), `None` before
+    /// the first round ends.
+    pub fn max_bps(&self) -> Option<f64> {
+        self.samples.front().map(|&(_, r)| r)
+    }
+
+    /// Rounds completed so far.
+    pub fn rounds(&self) -> u64 {
+        self.round
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: u64 = 1_000;
+
+    /// Completes `n` requests of 4 KiB, one every `gap_ns`, with
+    /// `in_flight` after each; returns the samples of the rounds that
+    /// ended.
+    fn feed(
+        d: &mut DeliveryRate,
+        now: &mut u64,
+        n: u32,
+        gap_ns: u64,
+        in_flight: u32,
+        bound: bool,
+    ) -> Vec<(f64, bool)> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            if bound {
+                d.mark_bound();
+            }
+            *now += gap_ns;
+            out.extend(d.on_completion(Nanos(*now), 4096, in_flight));
+        }
+        out
+    }
+
+    #[test]
+    fn a_round_is_as_many_completions_as_were_in_flight() {
+        let mut d = DeliveryRate::new();
+        let mut now = 0;
+        // 8 in flight: the first completion starts a round, the 9th ends it.
+        let s = feed(&mut d, &mut now, 8, 10 * US, 8, true);
+        assert!(s.is_empty());
+        let s = feed(&mut d, &mut now, 1, 10 * US, 8, true);
+        assert_eq!(s.len(), 1);
+        // 8 × 4 KiB in 80 µs.
+        assert!((s[0].0 - 8.0 * 4096.0 / 80e-6).abs() < 1.0, "{s:?}");
+        assert!(s[0].1);
+        assert_eq!(d.rounds(), 1);
+        assert_eq!(d.max_bps(), Some(s[0].0));
+    }
+
+    #[test]
+    fn a_batch_at_one_instant_does_not_end_a_round() {
+        let mut d = DeliveryRate::new();
+        d.on_completion(Nanos(1000), 4096, 2);
+        for _ in 0..5 {
+            assert_eq!(d.on_completion(Nanos(1000), 4096, 2), None);
+        }
+        let s = d.on_completion(Nanos(2000), 4096, 2).expect("time passed");
+        assert!((s.0 - 6.0 * 4096.0 / 1e-6).abs() < 1.0, "{s:?}");
+    }
+
+    #[test]
+    fn app_limited_rounds_only_raise_the_maximum() {
+        let mut d = DeliveryRate::new();
+        let mut now = 0;
+        feed(&mut d, &mut now, 100, 10 * US, 4, true);
+        let high = d.max_bps().unwrap();
+        // A long stretch at a tenth of the rate, never reaching the window:
+        // the maximum stays.
+        feed(&mut d, &mut now, 1000, 100 * US, 1, false);
+        assert_eq!(d.max_bps(), Some(high));
+        // Faster app-limited rounds count.
+        feed(&mut d, &mut now, 10, 5 * US, 1, false);
+        assert!(d.max_bps().unwrap() > high * 1.9);
+    }
+
+    #[test]
+    fn bound_rounds_at_a_lower_rate_bring_the_maximum_down_in_ten_rounds() {
+        let mut d = DeliveryRate::new();
+        let mut now = 0;
+        feed(&mut d, &mut now, 100, 10 * US, 4, true);
+        let high = d.max_bps().unwrap();
+        // Rate halves; 4 in flight, so 4 completions per round. The round
+        // in progress at the change ends first (a mixed sample), then ten
+        // rounds at half the rate push every faster sample out.
+        let mut rounds = 0;
+        while d.max_bps().unwrap() > high * 0.51 {
+            feed(&mut d, &mut now, 4, 20 * US, 4, true);
+            rounds += 1;
+            assert!(
+                rounds <= BANDWIDTH_WINDOW_ROUNDS + 1,
+                "still {:?}",
+                d.max_bps()
+            );
+        }
+        assert!((d.max_bps().unwrap() - high / 2.0).abs() < high * 0.01);
+    }
+}
