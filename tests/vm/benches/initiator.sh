@@ -33,7 +33,8 @@ ours() {
         tee -a /tmp/bench.txt
     pass "ublk-nvmf bench $1"
 }
-kernel() { fio_bench "$@" | tee -a /tmp/bench.txt; }
+FIO_BENCH_OUT=/tmp/bench.txt
+kernel() { fio_bench "$@"; }
 
 for round in 1 2; do
     ours "round=$round host=ublk-nvmf job=4k-randread-qd32" randread 4k 32

@@ -25,7 +25,8 @@ printf '[qos]\ncredits = "target"\ninitial_window = 65535\nriops = 1000000000\nw
 check_output "volume with QoS off" "^/dev/ublkb0$" ublk-nvmf add --config /tmp/off.toml
 check_output "volume with QoS on, admitting everything" "^/dev/ublkb1$" ublk-nvmf add --config /tmp/on.toml
 
-b() { fio_bench "$@" | tee -a /tmp/bench.txt; }
+FIO_BENCH_OUT=/tmp/bench.txt
+b() { fio_bench "$@"; }
 iops() { grep "BENCH $1 " /tmp/bench.txt | sed 's/.* iops=\([0-9]*\).*/\1/'; }
 for round in 1 2 3; do
     b "round=$round qos=off job=4k-randread-qd32" /dev/ublkb0 randread 4k 32 "$SECS"

@@ -190,28 +190,104 @@ fio_verify() {
         --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 "$@"
 }
 
-# fio_bench LABEL DEVICE RW BS IODEPTH SECONDS: a timed fio read/write run
-# that prints "BENCH LABEL iops=N mibps=N p99_us=N" (reads only; the runner
-# collects BENCH lines). Benchmarks report numbers, they assert nothing
-# about them: only that fio ran without error.
+# fio_bench LABEL DEVICE RW BS IODEPTH SECONDS [JOBS]: a timed fio run (JOBS
+# jobs of IODEPTH each, default 1, reported as one group) that prints
+# "BENCH LABEL iops=N mibps=N p99_us=N" (the runner collects BENCH lines)
+# and appends it to $FIO_BENCH_OUT when that is set. Reads and writes both
+# count (a mixed job: summed; p99: the larger of the two directions'
+# completion p99). Call it outside a pipeline: it counts a pass or a
+# failure. Benchmarks report numbers, they assert nothing about them: only
+# that fio ran without error.
 fio_bench() {
-    _label=$1 _dev=$2 _rw=$3 _bs=$4 _qd=$5 _secs=$6
+    _label=$1 _dev=$2 _rw=$3 _bs=$4 _qd=$5 _secs=$6 _jobs=${7:-1}
     _out=$(fio --name=bench --filename="$_dev" --ioengine=libaio --direct=1 \
-        --rw="$_rw" --bs="$_bs" --iodepth="$_qd" --runtime="$_secs" --time_based \
-        --ramp_time=2 --size=64M --randrepeat=0 --norandommap \
+        --rw="$_rw" --bs="$_bs" --iodepth="$_qd" --numjobs="$_jobs" --group_reporting \
+        --runtime="$_secs" --time_based --ramp_time=2 --size=64M --randrepeat=0 --norandommap \
         --output-format=terse --terse-version=3 2>&1)
     _rc=$?
-    if [ $_rc -ne 0 ]; then
+    _line=$(echo "$_out" | grep '^3;' | head -n1)
+    # Terse field 5: the job's error (errno), 0 when it had none.
+    if [ $_rc -ne 0 ] || [ -z "$_line" ] || [ "$(echo "$_line" | cut -d';' -f5)" != 0 ]; then
         fail "fio bench $_label (exit $_rc)"
         echo "$_out" | tail -n 20 | sed 's/^/    | /'
         return 1
     fi
     # Terse v3: field 7 read KiB/s, 8 read IOPS, 18..37 read completion
-    # latency percentiles as "P%=usec".
-    echo "$_out" | grep '^3;' | awk -F';' -v label="$_label" '{
-        p99 = "";
-        for (i = 18; i <= 37; i++) if ($i ~ /^99\.000000%=/) { split($i, a, "="); p99 = a[2] }
-        printf "BENCH %s iops=%d mibps=%.1f p99_us=%s\n", label, $8, $7 / 1024, p99
-    }'
+    # latency percentiles as "P%=usec"; 48, 49 and 59..78 the same for
+    # writes.
+    _line=$(echo "$_line" | awk -F';' -v label="$_label" '
+        function p99(from, i, a) { for (i = from; i < from + 20; i++) if ($i ~ /^99\.000000%=/) { split($i, a, "="); return a[2] + 0 } return 0 }
+        {
+            r = p99(18); w = p99(59)
+            printf "BENCH %s iops=%d mibps=%.1f p99_us=%d\n", label, $8 + $49, ($7 + $48) / 1024, (r > w ? r : w)
+        }')
+    echo "$_line"
+    [ -n "${FIO_BENCH_OUT:-}" ] && echo "$_line" >>"$FIO_BENCH_OUT"
     pass "fio bench $_label"
+}
+
+# bench_ratios FILE KEY "A/B ..." [GOALS]: from FILE's lines
+#   BENCH round=R KEY=HOST job=JOB iops=N mibps=N ...
+# prints, for every job (in the order first seen) and every ratio A/B of
+# two hosts, the ratio per round (IOPS for jobs named 4k-*, MiB/s for the
+# rest), then, after all of those, each host's median and each ratio's
+# median and spread (min-max) across rounds:
+#   BENCH round=R job=JOB ratio=A/B metric=iops value=X
+#   BENCH summary job=JOB KEY=HOST metric=iops median=X min=X max=X rounds=N
+#   BENCH summary job=JOB ratio=A/B metric=iops median=X min=X max=X rounds=N values=X,X,X [goal=>=G met=yes|no]
+# GOALS: whitespace-separated A/B:JOB:>=G or A/B:JOB:<=G; a goal is a
+# report line, never a check (met: the median meets it).
+bench_ratios() {
+    grep '^BENCH round=' "$1" | awk -v key="$2" -v pairs="$3" -v goals="${4:-}" '
+        function sort(v, n, i, j, t) { for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t } }
+        function median(v, n) { return (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }
+        {
+            r = h = j = io = mb = ""
+            for (i = 2; i <= NF; i++) {
+                split($i, a, "="); f = a[1]; s = substr($i, length(f) + 2)
+                if (f == "round") r = s; else if (f == key) h = s; else if (f == "job") j = s
+                else if (f == "iops") io = s; else if (f == "mibps") mb = s
+            }
+            if (r == "" || h == "" || j == "" || io == "") next
+            if (!(j in seenj)) { seenj[j] = 1; jobs[++nj] = j }
+            if (!(r in seenr)) { seenr[r] = 1; rounds[++nr] = r }
+            if (!(h in seenh)) { seenh[h] = 1; hosts[++nh] = h }
+            val[r, h, j] = (j ~ /^4k-/) ? io + 0 : mb + 0
+            have[r, h, j] = 1
+        }
+        END {
+            np = split(pairs, pr, " ")
+            ng = split(goals, gl, " ")
+            for (g = 1; g <= ng; g++) { split(gl[g], ga, ":"); goal[ga[1], ga[2]] = ga[3] }
+            for (x = 1; x <= nj; x++) {
+                j = jobs[x]; m = (j ~ /^4k-/) ? "iops" : "mibps"
+                for (y = 1; y <= nh; y++) {
+                    h = hosts[y]; n = 0
+                    for (z = 1; z <= nr; z++) if (have[rounds[z], h, j]) hv[++n] = val[rounds[z], h, j]
+                    if (n == 0) continue
+                    sort(hv, n)
+                    out[++no] = sprintf("BENCH summary job=%s %s=%s metric=%s median=%.1f min=%.1f max=%.1f rounds=%d", j, key, h, m, median(hv, n), hv[1], hv[n], n)
+                }
+                for (p = 1; p <= np; p++) {
+                    split(pr[p], ab, "/"); n = 0; list = ""
+                    for (z = 1; z <= nr; z++) {
+                        r = rounds[z]
+                        if (!have[r, ab[1], j] || !have[r, ab[2], j] || val[r, ab[2], j] <= 0) continue
+                        q = val[r, ab[1], j] / val[r, ab[2], j]
+                        v[++n] = q; list = list (n > 1 ? "," : "") sprintf("%.3f", q)
+                        printf "BENCH round=%s job=%s ratio=%s metric=%s value=%.3f\n", r, j, pr[p], m, q
+                    }
+                    if (n == 0) continue
+                    sort(v, n); med = median(v, n)
+                    gs = ""
+                    if (goal[pr[p], j] != "") {
+                        gv = goal[pr[p], j]; lim = substr(gv, 3) + 0
+                        met = (substr(gv, 1, 2) == "<=") ? (med <= lim) : (med >= lim)
+                        gs = sprintf(" goal=%s met=%s", gv, met ? "yes" : "no")
+                    }
+                    out[++no] = sprintf("BENCH summary job=%s ratio=%s metric=%s median=%.3f min=%.3f max=%.3f rounds=%d values=%s%s", j, pr[p], m, med, v[1], v[n], n, list, gs)
+                }
+            }
+            for (i = 1; i <= no; i++) print out[i]
+        }'
 }
