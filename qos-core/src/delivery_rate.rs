@@ -47,6 +47,10 @@ pub struct DeliveryRate {
     /// completion count that ends it; `None` before the first completion.
     start: Option<(Nanos, u64)>,
     round_end: u64,
+    /// The instant the current round's count was reached: it closes at the
+    /// first completion after that instant, so a batch of completions
+    /// handled at one instant is never split between rounds.
+    ending: Option<Nanos>,
     /// Whether the window was reached during the current round.
     bound: bool,
     /// (round, bytes/s), rounds increasing and rates decreasing: the
@@ -67,35 +71,49 @@ impl DeliveryRate {
     }
 
     /// Records a completion of `bytes` at `now`; `in_flight` counts the
-    /// requests still in flight after it. Returns the round's sample (bytes
-    /// per second, and whether it was bound) when this completion ends a
-    /// round.
+    /// requests still in flight after it. Returns the sample (bytes per
+    /// second, and whether the round was bound) of the round this
+    /// completion closes, if any.
     pub fn on_completion(&mut self, now: Nanos, bytes: u64, in_flight: u32) -> Option<(f64, bool)> {
+        let mut sample = None;
+        if let (Some(end), Some((start, start_bytes))) = (self.ending, self.start) {
+            if now > end {
+                // Every completion of the round's last instant is in; this
+                // one opens the next round, which starts at that instant.
+                let rate = (self.delivered_bytes - start_bytes) as f64 * NANOS_PER_SEC as f64
+                    / end.nanos_since(start) as f64;
+                let bound = self.bound;
+                self.round += 1;
+                if bound || self.max_bps().is_none_or(|max| rate >= max) {
+                    self.insert(rate);
+                }
+                sample = Some((rate, bound));
+                self.start = Some((end, self.delivered_bytes));
+                self.round_end = self.delivered + u64::from(in_flight) + 1;
+                self.ending = None;
+                self.bound = false;
+            }
+        }
         self.delivered += 1;
         self.delivered_bytes += bytes;
-        let Some((start, start_bytes)) = self.start else {
-            self.begin(now, in_flight);
-            return None;
-        };
-        let elapsed = now.nanos_since(start);
-        if self.delivered < self.round_end || elapsed == 0 {
-            return None;
+        match self.start {
+            None => {
+                self.start = Some((now, self.delivered_bytes));
+                self.round_end = self.delivered + u64::from(in_flight.max(1));
+            }
+            // More completions of the start instant: they took no time of
+            // this round, so they are not in it.
+            Some((start, _)) if now == start => {
+                self.start = Some((start, self.delivered_bytes));
+                self.round_end += 1;
+            }
+            Some(_) => {
+                if self.ending.is_none() && self.delivered >= self.round_end {
+                    self.ending = Some(now);
+                }
+            }
         }
-        let rate =
-            (self.delivered_bytes - start_bytes) as f64 * NANOS_PER_SEC as f64 / elapsed as f64;
-        let bound = self.bound;
-        self.round += 1;
-        if bound || self.max_bps().is_none_or(|max| rate >= max) {
-            self.insert(rate);
-        }
-        self.begin(now, in_flight);
-        Some((rate, bound))
-    }
-
-    fn begin(&mut self, now: Nanos, in_flight: u32) {
-        self.start = Some((now, self.delivered_bytes));
-        self.round_end = self.delivered + u64::from(in_flight.max(1));
-        self.bound = false;
+        sample
     }
 
     /// Adds this round's sample; older ones leave the window now.
@@ -114,6 +132,11 @@ impl DeliveryRate {
     /// the first round ends.
     pub fn max_bps(&self) -> Option<f64> {
         self.samples.front().map(|&(_, r)| r)
+    }
+
+    /// Bytes completed so far.
+    pub fn delivered_bytes(&self) -> u64 {
+        self.delivered_bytes
     }
 
     /// Rounds completed so far.
@@ -154,8 +177,9 @@ mod tests {
     fn a_round_is_as_many_completions_as_were_in_flight() {
         let mut d = DeliveryRate::new();
         let mut now = 0;
-        // 8 in flight: the first completion starts a round, the 9th ends it.
-        let s = feed(&mut d, &mut now, 8, 10 * US, 8, true);
+        // 8 in flight: the first completion starts a round, the 9th ends
+        // it, and the next one (at a later instant) closes it.
+        let s = feed(&mut d, &mut now, 9, 10 * US, 8, true);
         assert!(s.is_empty());
         let s = feed(&mut d, &mut now, 1, 10 * US, 8, true);
         assert_eq!(s.len(), 1);
@@ -167,14 +191,26 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_at_one_instant_does_not_end_a_round() {
+    fn batches_at_one_instant_stay_in_one_round() {
         let mut d = DeliveryRate::new();
-        d.on_completion(Nanos(1000), 4096, 2);
-        for _ in 0..5 {
-            assert_eq!(d.on_completion(Nanos(1000), 4096, 2), None);
+        // A batch of 4 at t = 1 µs, 4 more in flight after it: the first
+        // starts the round, the others took no time of it.
+        for left in (0..4).rev() {
+            assert_eq!(d.on_completion(Nanos(1000), 4096, left + 4), None);
         }
-        let s = d.on_completion(Nanos(2000), 4096, 2).expect("time passed");
-        assert!((s.0 - 6.0 * 4096.0 / 1e-6).abs() < 1.0, "{s:?}");
+        // Then a batch of 4 every 10 µs, 4 more sent after each (8 in
+        // flight): every round is two whole batches over 20 µs, never a
+        // split one.
+        let mut samples = Vec::new();
+        for k in 1..=7u64 {
+            for left in (0..4).rev() {
+                samples.extend(d.on_completion(Nanos(1000 + k * 10_000), 4096, left + 4));
+            }
+        }
+        assert!(samples.len() >= 2, "{samples:?}");
+        for (rate, _) in samples {
+            assert!((rate - 4.0 * 4096.0 / 10e-6).abs() < 1.0, "{rate}");
+        }
     }
 
     #[test]
@@ -198,15 +234,16 @@ mod tests {
         let mut now = 0;
         feed(&mut d, &mut now, 100, 10 * US, 4, true);
         let high = d.max_bps().unwrap();
-        // Rate halves; 4 in flight, so 4 completions per round. The round
-        // in progress at the change ends first (a mixed sample), then ten
+        // Rate halves; 4 in flight after each completion, so 5 per round
+        // (the closing one, and the 4 in flight after it). The round in
+        // progress at the change ends first (a mixed sample), then ten
         // rounds at half the rate push every faster sample out.
         let mut rounds = 0;
         while d.max_bps().unwrap() > high * 0.51 {
             feed(&mut d, &mut now, 4, 20 * US, 4, true);
             rounds += 1;
             assert!(
-                rounds <= BANDWIDTH_WINDOW_ROUNDS + 1,
+                rounds * 4 <= (BANDWIDTH_WINDOW_ROUNDS + 2) * 5,
                 "still {:?}",
                 d.max_bps()
             );

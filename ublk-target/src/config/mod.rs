@@ -248,6 +248,7 @@ struct RawQos {
     /// Removed (issue 14), as above.
     estimate_latency_max_us: Option<Spanned<toml::Value>>,
     estimate_gain: Option<Spanned<Number>>,
+    estimate_gain_max: Option<Spanned<Number>>,
     estimate_base_window_ms: Option<Spanned<i64>>,
 }
 
@@ -698,6 +699,22 @@ fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
             ));
         }
         c.estimate_gain = v;
+        // A gain above the default ceiling raises the ceiling with it.
+        c.estimate_gain_max = c.estimate_gain_max.max(v);
+    }
+    if let Some(g) = &q.estimate_gain_max {
+        let v = g.get_ref().get();
+        if !(c.estimate_gain..=64.0).contains(&v) {
+            return Err(cx.err(
+                g,
+                "qos.estimate_gain_max",
+                format!(
+                    "{v} is out of range ({}..=64, at least estimate_gain)",
+                    c.estimate_gain
+                ),
+            ));
+        }
+        c.estimate_gain_max = v;
     }
     c.estimate_base_window_ms = cx.int(
         &q.estimate_base_window_ms,
@@ -888,6 +905,20 @@ queues = 2
             let c = parse(&format!("{GOOD}[qos]\nestimate_gain = {text}\n")).unwrap();
             assert_eq!(c.qos.estimate_gain, gain);
         }
+        let c = parse(&format!(
+            "{GOOD}[qos]\nestimate_gain = 2\nestimate_gain_max = 2\n"
+        ))
+        .unwrap();
+        assert_eq!((c.qos.estimate_gain, c.qos.estimate_gain_max), (2.0, 2.0));
+        let e = parse(&format!(
+            "{GOOD}[qos]\nestimate_gain = 4\nestimate_gain_max = 3\n"
+        ))
+        .unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (10, "qos.estimate_gain_max"),
+            "{e}"
+        );
         for bad in ["0.5", "65", "nan", "\"two\""] {
             let e = parse(&format!("{GOOD}[qos]\nestimate_gain = {bad}\n")).unwrap_err();
             assert_eq!(

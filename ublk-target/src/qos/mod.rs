@@ -71,6 +71,10 @@ pub struct QosConfig {
     /// `CreditGateConfig::gain`): at a saturated device the gate keeps
     /// `gain − 1` of them queued.
     pub estimate_gain: f64,
+    /// The most the estimate's gain may probe up to (qos-core
+    /// `CreditGateConfig::gain_max`); equal to `estimate_gain` for a fixed
+    /// gain.
+    pub estimate_gain_max: f64,
     /// How long a minimum-latency sample counts as the path's base
     /// latency (ms; qos-core `CreditGateConfig::base_window_ms`).
     pub estimate_base_window_ms: u64,
@@ -86,6 +90,7 @@ impl QosConfig {
             max_window: g.max_window,
             limits: RateLimits::default(),
             estimate_gain: g.gain,
+            estimate_gain_max: g.gain_max,
             estimate_base_window_ms: g.base_window_ms,
         }
     }
@@ -97,6 +102,7 @@ impl QosConfig {
             max_window: self.max_window,
             base_window_ms: self.estimate_base_window_ms,
             gain: self.estimate_gain,
+            gain_max: self.estimate_gain_max,
         }
     }
 

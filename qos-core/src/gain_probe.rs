@@ -1,0 +1,308 @@
+//! The credit estimate's gain, found by probing: more requests in flight
+//! only while they deliver more (issue 14).
+//!
+//! A fixed gain cannot serve both cases the estimate meets. Measured in the
+//! TCG guest (docs/benchmarks.md, `tests/vm/run --bench ublk-gain`): a
+//! volume alone on a plain target, where the guest's CPU pipeline keeps
+//! delivering more with more in flight, needs gain 8 to reach the
+//! throughput of credits off (gain 2: 0.59x at 4k QD 128, 0.80x at 128k),
+//! while a QD 128 writer sharing a saturated device with a QD 1 reader
+//! needs gain 2 to halve the reader's p99 (gain 8: 0.73x of credits off).
+//! What tells them apart is how throughput answers more in flight, so the
+//! gain is the result of a hill climb on the delivery rate, BBR's
+//! bandwidth probing moved from the pacing rate to the window:
+//!
+//! - **Phases of rounds** (a round as in
+//!   [`DeliveryRate`](crate::delivery_rate::DeliveryRate)). *Cruise* at
+//!   gain `g`; *up*, a probe at `g × STEP`; *down*, a probe at `g / STEP`.
+//!   Each probe is compared with the cruise rounds just before and just
+//!   after it (A-B-A: a load that drifts over the three phases cancels out),
+//!   each measured over [`MEASURED_ROUNDS`] rounds after [`SETTLE_ROUNDS`]
+//!   for the window change to take effect.
+//! - **Up** is kept (`g ← g × STEP`) when it delivered at least
+//!   [`UP_GAIN`] more than the cruise around it; then the next probe is up
+//!   again soon. A probe that does not pay doubles the cruise before the
+//!   next one (up to [`MAX_BACKOFF`]×), so a tenant at a saturated device
+//!   spends a few per cent of its time probing, and a down probe follows
+//!   it.
+//! - **Down** is kept (`g ← g / STEP`) when it delivered at least
+//!   `1 − DOWN_LOSS` of the cruise around it: a gain above the knee gives
+//!   up its queue. The gain stays within `[min, max]` (`estimate_gain`
+//!   and `estimate_gain_max` in a volume's `[qos]`).
+//! - A cruise whose measured rounds did not all reach the window measured
+//!   the application, not the path: the cycle starts again without a
+//!   decision. An up probe may outgrow the demand and still count (it
+//!   delivered all that was asked at that gain).
+//! - Decisions: STEP 1.5 (a probe adds half the window: a quarter of the
+//!   gain's range per step, and a reader beside a probing writer sees at
+//!   most 1.5× the queue for a probe's length); UP_GAIN 5 % and DOWN_LOSS
+//!   2 %: above the noise of a 12-round mean in the guest, and asymmetric
+//!   so that a flat path (probes within noise) drifts down, not up.
+
+use crate::time::Nanos;
+
+/// Gain factor of a probe.
+pub const STEP: f64 = 1.5;
+/// Rounds after a phase change before its rate is measured.
+pub const SETTLE_ROUNDS: u32 = 4;
+/// Rounds a phase's rate is measured over.
+pub const MEASURED_ROUNDS: u32 = 12;
+/// Throughput an up probe must add to be kept.
+pub const UP_GAIN: f64 = 0.05;
+/// Throughput a down probe may lose and still be kept.
+pub const DOWN_LOSS: f64 = 0.02;
+/// Longest cruise between probes, in probe lengths.
+pub const MAX_BACKOFF: u32 = 32;
+
+const PHASE_ROUNDS: u32 = SETTLE_ROUNDS + MEASURED_ROUNDS;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Cruise before a probe; `next_up` says which probe follows.
+    Before { next_up: bool },
+    /// A probe; true: up.
+    Probe { up: bool },
+    /// Cruise right after a probe, measured to close the comparison.
+    After { up: bool },
+}
+
+/// Rate measured over a phase's measured rounds.
+#[derive(Clone, Copy, Debug, Default)]
+struct Measure {
+    start: Option<(Nanos, u64)>,
+    all_bound: bool,
+}
+
+/// The probing state of one gate.
+#[derive(Clone, Debug)]
+pub struct GainProbe {
+    gain: f64,
+    min: f64,
+    max: f64,
+    phase: Phase,
+    /// Rounds into the current phase.
+    round: u32,
+    /// Rounds the current cruise lasts before it is measured.
+    cruise_rounds: u32,
+    backoff: u32,
+    measure: Measure,
+    before: Option<f64>,
+    probe: Option<f64>,
+}
+
+impl GainProbe {
+    /// Probing between `min` and `max` (both at least 1), starting at
+    /// `min`: a new gate protects first and earns its queue.
+    pub fn new(min: f64, max: f64) -> Self {
+        let min = min.max(1.0);
+        GainProbe {
+            gain: min,
+            min,
+            max: max.max(min),
+            phase: Phase::Before { next_up: true },
+            round: 0,
+            cruise_rounds: PHASE_ROUNDS,
+            backoff: 1,
+            measure: Measure::default(),
+            before: None,
+            probe: None,
+        }
+    }
+
+    /// The gain settled on (without a probe's factor).
+    pub fn gain(&self) -> f64 {
+        self.gain
+    }
+
+    /// The gain to use now: the settled one, or a probe's.
+    pub fn current(&self) -> f64 {
+        match self.phase {
+            Phase::Probe { up: true } => (self.gain * STEP).min(self.max),
+            Phase::Probe { up: false } => (self.gain / STEP).max(self.min),
+            _ => self.gain,
+        }
+    }
+
+    /// Whether the current phase is a probe.
+    pub fn probing(&self) -> bool {
+        matches!(self.phase, Phase::Probe { .. })
+    }
+
+    /// Advances by one finished round: it ended at `now` with
+    /// `delivered_bytes` completed so far, and reached the window (`bound`)
+    /// or not.
+    pub fn on_round(&mut self, now: Nanos, delivered_bytes: u64, bound: bool) {
+        if self.min >= self.max {
+            return;
+        }
+        self.round += 1;
+        let (settle, len) = match self.phase {
+            Phase::Before { .. } => (self.cruise_rounds - MEASURED_ROUNDS, self.cruise_rounds),
+            _ => (SETTLE_ROUNDS, PHASE_ROUNDS),
+        };
+        if self.round == settle {
+            self.measure = Measure {
+                start: Some((now, delivered_bytes)),
+                all_bound: true,
+            };
+            return;
+        }
+        if self.round < settle {
+            return;
+        }
+        self.measure.all_bound &= bound;
+        if self.round < len {
+            return;
+        }
+        let rate = match self.measure.start {
+            Some((t, b)) if now > t => {
+                Some((delivered_bytes - b) as f64 / now.nanos_since(t) as f64)
+            }
+            _ => None,
+        };
+        let bound = self.measure.all_bound;
+        self.round = 0;
+        let Some(rate) = rate else {
+            self.restart(true);
+            return;
+        };
+        match self.phase {
+            // The cruise around a probe must have measured the path at its
+            // window; an application-limited cruise decides nothing.
+            Phase::Before { .. } | Phase::After { .. } if !bound => self.restart(true),
+            Phase::Before { next_up } => {
+                // At the top, probe down instead; at the bottom, up.
+                let up = next_up && self.gain < self.max;
+                if !up && self.gain <= self.min {
+                    self.restart(true);
+                    return;
+                }
+                self.before = Some(rate);
+                self.phase = Phase::Probe { up };
+            }
+            // A probe up may outgrow the application's demand (not bound)
+            // and still count: it delivered what was asked at that gain.
+            // A probe down below a bound cruise is bound itself.
+            Phase::Probe { up } => {
+                self.probe = Some(rate);
+                self.phase = Phase::After { up };
+            }
+            Phase::After { up } => {
+                let (Some(before), Some(probe)) = (self.before, self.probe) else {
+                    self.restart(true);
+                    return;
+                };
+                let cruise = (before + rate) / 2.0;
+                if up && probe >= cruise * (1.0 + UP_GAIN) {
+                    self.gain = (self.gain * STEP).min(self.max);
+                    self.backoff = 1;
+                    self.restart(true);
+                } else if up {
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                    // A down probe, soon: the gain may be past the knee.
+                    self.restart_with(false, 1);
+                } else if probe >= cruise * (1.0 - DOWN_LOSS) {
+                    self.gain = (self.gain / STEP).max(self.min);
+                    self.restart(true);
+                } else {
+                    self.restart(true);
+                }
+            }
+        }
+    }
+
+    fn restart(&mut self, next_up: bool) {
+        self.restart_with(next_up, self.backoff);
+    }
+
+    fn restart_with(&mut self, next_up: bool, backoff: u32) {
+        self.phase = Phase::Before { next_up };
+        self.cruise_rounds = PHASE_ROUNDS * backoff.max(1);
+        self.round = 0;
+        self.before = None;
+        self.probe = None;
+        self.measure = Measure::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drives `p` with a path whose rate (bytes/ns) at gain `g` is
+    /// `rate(g)`, one round per µs, for `rounds` rounds.
+    fn drive(
+        p: &mut GainProbe,
+        rounds: u32,
+        rate: impl Fn(f64) -> f64,
+        t: &mut u64,
+        bytes: &mut f64,
+    ) {
+        for _ in 0..rounds {
+            *t += 1_000;
+            *bytes += rate(p.current()) * 1_000.0;
+            p.on_round(Nanos(*t), *bytes as u64, true);
+        }
+    }
+
+    #[test]
+    fn climbs_while_more_in_flight_delivers_more() {
+        let mut p = GainProbe::new(2.0, 16.0);
+        let (mut t, mut b) = (0, 0.0);
+        // Throughput grows with the gain up to 8, flat above.
+        drive(&mut p, 2000, |g| g.min(8.0), &mut t, &mut b);
+        assert!(
+            p.gain() >= 8.0 / STEP && p.gain() <= 8.0 * STEP,
+            "{}",
+            p.gain()
+        );
+    }
+
+    #[test]
+    fn stays_low_where_more_in_flight_delivers_nothing() {
+        let mut p = GainProbe::new(2.0, 16.0);
+        let (mut t, mut b) = (0, 0.0);
+        let mut probing = 0;
+        for _ in 0..20_000 {
+            drive(&mut p, 1, |_| 5.0, &mut t, &mut b);
+            assert_eq!(p.gain(), 2.0);
+            probing += u32::from(p.probing());
+        }
+        // Backed off: a probe of 16 rounds per 32 × 16 rounds of cruise
+        // (plus the measured cruises around it).
+        assert!(probing * 20 < 20_000, "probing {probing} of 20000 rounds");
+    }
+
+    #[test]
+    fn comes_down_when_the_path_saturates() {
+        let mut p = GainProbe::new(2.0, 16.0);
+        let (mut t, mut b) = (0, 0.0);
+        drive(&mut p, 2000, |g| g, &mut t, &mut b);
+        assert!(p.gain() >= 16.0 / STEP, "{}", p.gain());
+        // Now flat: probes down lose nothing and are kept.
+        drive(&mut p, 20_000, |_| 3.0, &mut t, &mut b);
+        assert_eq!(p.gain(), 2.0);
+    }
+
+    #[test]
+    fn application_limited_rounds_decide_nothing() {
+        let mut p = GainProbe::new(2.0, 16.0);
+        let mut t = 0;
+        let mut b = 0u64;
+        for _ in 0..5000 {
+            t += 1_000;
+            // The rate grows with the gain, but no round reached the window.
+            b += (p.current() * 1000.0) as u64;
+            p.on_round(Nanos(t), b, false);
+        }
+        assert_eq!(p.gain(), 2.0);
+    }
+
+    #[test]
+    fn equal_bounds_disable_probing() {
+        let mut p = GainProbe::new(2.0, 2.0);
+        let (mut t, mut b) = (0, 0.0);
+        drive(&mut p, 1000, |g| g, &mut t, &mut b);
+        assert_eq!((p.gain(), p.current(), p.probing()), (2.0, 2.0, false));
+    }
+}
