@@ -79,7 +79,7 @@ use crate::config::check_nonzero;
 use crate::credit::decode_credit_dw1;
 use crate::delivery_rate::DeliveryRate;
 use crate::error::{QosError, Result};
-use crate::gain_probe::GainProbe;
+use crate::gain_probe::{GainProbe, STEP};
 use crate::time::{Nanos, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::types::IoKind;
 
@@ -245,9 +245,20 @@ impl CreditGate {
         match (self.rate.max_bps(), self.mean_base_ns) {
             (Some(bw), Some(base_ns)) => {
                 let bdp = bw * base_ns / NANOS_PER_SEC as f64 / self.mean_io_bytes.max(1.0);
-                let floor = MIN_ESTIMATED_WINDOW.min(self.max_window);
-                ((self.gain.current() * bdp).floor() as u64)
-                    .clamp(u64::from(floor), u64::from(self.max_window)) as u32
+                let (floor, max) = (
+                    f64::from(MIN_ESTIMATED_WINDOW.min(self.max_window)),
+                    f64::from(self.max_window),
+                );
+                let settled = (self.gain.gain() * bdp).floor().clamp(floor, max);
+                // A probe moves the window itself by its factor, so a window
+                // held at its floor (a tiny bandwidth-delay product) still
+                // probes.
+                let window = match self.gain.probe() {
+                    Some(true) => (settled * STEP).ceil(),
+                    Some(false) => (settled / STEP).floor(),
+                    None => settled,
+                };
+                window.clamp(floor, max) as u32
             }
             _ => self.initial_window.min(self.max_window),
         }
@@ -376,7 +387,6 @@ impl CreditGate {
 mod tests {
     use super::*;
     use crate::credit::encode_credit_dw1;
-    use crate::gain_probe::STEP;
     use proptest::prelude::*;
 
     fn gate(mode: CreditMode) -> CreditGate {

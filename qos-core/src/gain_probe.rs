@@ -14,7 +14,9 @@
 //!
 //! - **Phases of rounds** (a round as in
 //!   [`DeliveryRate`](crate::delivery_rate::DeliveryRate)). *Cruise* at
-//!   gain `g`; *up*, a probe at `g × STEP`; *down*, a probe at `g / STEP`.
+//!   gain `g`; *up*, a probe with the window `× STEP`; *down*, `/ STEP`
+//!   (the gate scales the window, not the gain, so that a window held at
+//!   its floor still probes).
 //!   Each probe is compared with the cruise rounds just before and just
 //!   after it (A-B-A: a load that drifts over the three phases cancels out),
 //!   each measured over [`MEASURED_ROUNDS`] rounds after [`SETTLE_ROUNDS`]
@@ -120,6 +122,14 @@ impl GainProbe {
             Phase::Probe { up: true } => (self.gain * STEP).min(self.max),
             Phase::Probe { up: false } => (self.gain / STEP).max(self.min),
             _ => self.gain,
+        }
+    }
+
+    /// The probe under way: `Some(true)` up, `Some(false)` down.
+    pub fn probe(&self) -> Option<bool> {
+        match self.phase {
+            Phase::Probe { up } => Some(up),
+            _ => None,
         }
     }
 

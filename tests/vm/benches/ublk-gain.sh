@@ -12,7 +12,9 @@
 #   QD 128 4k writer whose volume has the gain under test, or credits off.
 # Prints BENCH lines per run and, per gain, the ratios to credits off
 # (throughput for the pipeline jobs; reader p99 and total throughput for
-# the tenants). Status at the end shows each volume's window with the
+# the tenants). BENCH_ONLY=tenants runs the tenants only; BENCH_SCALE
+# (50) is the sim device's time scale (100 keeps the device the
+# bottleneck on a loaded host). Status at the end shows each volume's window with the
 # estimate's bandwidth and base. Run: tests/vm/run --bench ublk-gain
 # (~14 min)
 . /vm/lib.sh
@@ -23,6 +25,7 @@ SECS=${BENCH_SECS:-8}
 ROUNDS=${BENCH_ROUNDS:-2}
 TSECS=${BENCH_TENANT_SECS:-15}
 TRAMP=${BENCH_TENANT_RAMP:-5}
+ONLY=${BENCH_ONLY:-}
 SCALE=${BENCH_SCALE:-50}
 NQN=nqn.2026-01.io.gimbal:demo
 SIM_NQN=nqn.2026-01.io.gimbal:sim
@@ -107,6 +110,7 @@ tenants() {
 round=1
 while [ $round -le "$ROUNDS" ]; do
     for job in "128k-read-qd32 read 128k 32" "4k-randread-qd128 randread 4k 128"; do
+        [ "$ONLY" = tenants ] && break
         set -- $job
         for g in $GAINS off; do
             eval "dev=\$NULL_$g"
