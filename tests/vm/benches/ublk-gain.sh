@@ -59,7 +59,7 @@ allow_any_host = true
 nsid = 1
 backend = "sim"
 size = "1GiB"
-profile = "fragmented"
+profile = "${BENCH_PROFILE:-fragmented}"
 time_scale = $SCALE
 qos = "none"
 EOC
