@@ -328,14 +328,14 @@ impl CreditGate {
     /// Whether a request may be sent now: fewer in flight than the window,
     /// or nothing in flight at all.
     pub fn may_send(&self) -> bool {
-        self.in_flight == 0 || self.in_flight < self.window().0
+        admits(self.in_flight, self.window().0)
     }
 
     /// Takes a credit for a request about to be sent; false means "device
     /// busy": queue it and retry after a completion.
     pub fn try_acquire(&mut self) -> bool {
         let window = self.window().0;
-        if self.in_flight != 0 && self.in_flight >= window {
+        if !admits(self.in_flight, window) {
             self.rate.mark_bound();
             return false;
         }
@@ -381,6 +381,12 @@ impl CreditGate {
             self.estimate(now, kind, bytes, latency_ns, in_flight);
         }
     }
+}
+
+/// The gate's rule: fewer in flight than the window, or nothing in flight
+/// at all (so no window can deadlock the volume).
+fn admits(in_flight: u32, window: u32) -> bool {
+    in_flight == 0 || in_flight < window
 }
 
 #[cfg(test)]
