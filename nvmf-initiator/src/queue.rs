@@ -813,8 +813,50 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
     /// Append PDUs to send to `buf`, whole PDUs only, until `buf` holds at
     /// least `limit` bytes or nothing is left; returns the bytes appended.
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>, limit: usize) -> usize {
+        self.transmit(buf, limit, usize::MAX, |_, _, _| {
+            unreachable!("nothing is left in place below usize::MAX bytes")
+        })
+    }
+
+    /// [`Queue::poll_transmit`] without copying large data: the data of an
+    /// in-capsule write or an H2CData PDU of at least `min_in_place` bytes
+    /// is not appended to `buf` but handed to `in_place(at, data,
+    /// user_data)`, where `at` is the index in `buf` it belongs at (the
+    /// PDU's header is `buf[..at]`'s end; its data digest, if any, starts
+    /// `buf[at..]`) and `user_data` names the request whose buffer it is.
+    /// Sending `buf` with each piece of data spliced in at its `at`, in
+    /// order, sends the same bytes as `poll_transmit` would have appended.
+    /// `limit` counts the data left in place too; the return value is the
+    /// bytes appended plus the bytes left in place. At most `limit /
+    /// min_in_place + 1` pieces are left in place per call.
+    ///
+    /// `data` borrows the request's buffer only for the call; a driver
+    /// that sends it later (an io_uring `SendMsg`) must itself keep that
+    /// buffer alive and unchanged until the send is done, even if the
+    /// request completes or the queue closes meanwhile (the engine of
+    /// `ublk-target` pins the tag). Internal requests' data (Connect) is
+    /// always copied.
+    pub fn poll_transmit_vectored(
+        &mut self,
+        buf: &mut Vec<u8>,
+        limit: usize,
+        min_in_place: usize,
+        in_place: impl FnMut(usize, &[u8], u64),
+    ) -> usize {
+        self.transmit(buf, limit, min_in_place.max(1), in_place)
+    }
+
+    fn transmit(
+        &mut self,
+        buf: &mut Vec<u8>,
+        limit: usize,
+        min_in_place: usize,
+        mut in_place: impl FnMut(usize, &[u8], u64),
+    ) -> usize {
         let start = buf.len();
-        while buf.len() < limit.max(start + 1) {
+        // Bytes handed to `in_place` (they count towards `limit`).
+        let mut placed = 0;
+        while buf.len() + placed < limit.max(start + 1) {
             let Some(out) = self.out.pop_front() else {
                 break;
             };
@@ -839,9 +881,15 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                         sqe,
                         data: Cow::Borrowed(data),
                     };
-                    // Lengths are bounded by u32 checks at submit; encoding
-                    // can only fail on a PLEN overflow, which they exclude.
-                    let _ = Pdu::CapsuleCmd(capsule).encode(&self.encode, buf);
+                    let pdu = Pdu::CapsuleCmd(capsule);
+                    if leave_in_place(data, min_in_place, r) {
+                        placed += put_in_place(&pdu, data, &self.encode, r, buf, &mut in_place);
+                    } else {
+                        // Lengths are bounded by u32 checks at submit;
+                        // encoding can only fail on a PLEN overflow, which
+                        // they exclude.
+                        let _ = pdu.encode(&self.encode, buf);
+                    }
                 }
                 Out::H2C {
                     slot,
@@ -870,11 +918,18 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                         last,
                         data: Cow::Borrowed(data),
                     });
-                    let _ = pdu.encode(&self.encode, buf);
+                    if leave_in_place(data, min_in_place, r) {
+                        placed += put_in_place(&pdu, data, &self.encode, r, buf, &mut in_place);
+                    } else {
+                        // Lengths are bounded by u32 checks at submit;
+                        // encoding can only fail on a PLEN overflow, which
+                        // they exclude.
+                        let _ = pdu.encode(&self.encode, buf);
+                    }
                 }
             }
         }
-        buf.len() - start
+        buf.len() - start + placed
     }
 
     /// Whether `poll_transmit` has something to send.
@@ -1021,7 +1076,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                 // previous call, taking only as many bytes as it still
                 // needs.
                 let mut rx = std::mem::take(&mut self.rx);
-                let need = match self.decoder.decode_data_header(&rx) {
+                let need = match self.decode_data_header(&rx) {
                     Ok(DataHeaderDecoded::NeedMore(n)) => Some(n),
                     Ok(DataHeaderDecoded::Header(h)) => {
                         self.begin_data(h, &rx);
@@ -1062,7 +1117,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                 if input.is_empty() {
                     return;
                 }
-                match self.decoder.decode_data_header(input) {
+                match self.decode_data_header(input) {
                     Ok(DataHeaderDecoded::NeedMore(_)) => {
                         self.rx.extend_from_slice(input);
                         return;
@@ -1097,6 +1152,22 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         }
     }
 
+    /// The decoder's `decode_data_header` for a PDU whose type byte names
+    /// a data PDU, else `NotData` at once: the caller then runs `decode`,
+    /// which checks the common header the same way, so a CapsuleResp or
+    /// R2T has its header checked once instead of twice. The outcome is
+    /// the decoder's either way: for another type `decode_data_header`
+    /// would check the header and return `NotData`, or the very error (or
+    /// "need more") `decode` returns from the same check.
+    fn decode_data_header(&self, pdu: &[u8]) -> Result<DataHeaderDecoded, ProtoError> {
+        match pdu.first() {
+            Some(&t) if t != pdu_type::C2H_DATA && t != pdu_type::H2C_DATA => {
+                Ok(DataHeaderDecoded::NotData)
+            }
+            _ => self.decoder.decode_data_header(pdu),
+        }
+    }
+
     /// Where the data of the C2HData PDU being received goes next, if
     /// data is still due: the rest of that PDU's data, as the part of the
     /// request's own buffer it belongs in. A driver may receive from the
@@ -1111,6 +1182,21 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         let d = self.rx_data.as_ref().filter(|d| d.left > 0)?;
         let r = self.reqs[d.req].as_mut()?;
         r.buf.bytes_mut().get_mut(d.at..d.at + d.left)
+    }
+
+    /// Whether an outstanding read command still expects at least `min`
+    /// bytes of C2HData data. A driver that receives into its own buffer
+    /// between data PDUs can then ask for less than usual, so that its
+    /// receive does not swallow the data of that read: the rest is offered
+    /// by [`Queue::rx_direct`] and lands in place instead of being copied
+    /// out of the driver's buffer. Looks at every command slot.
+    pub fn expects_read_data(&self, min: u32) -> bool {
+        self.state != QueueState::Closed
+            && self.slots.iter().any(|s| {
+                s.piece.is_some_and(|p| {
+                    p.dir == DataDirection::ControllerToHost && p.len - p.done >= min
+                })
+            })
     }
 
     /// The `user_data` of the request [`Queue::rx_direct`] points into, so
@@ -1597,4 +1683,34 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         v.sort_by_key(|(s, _)| *s);
         v.into_iter().map(|(_, r)| r).collect()
     }
+}
+
+/// Whether [`Queue::poll_transmit_vectored`] leaves `data` of request `r`
+/// in place: at least `min_in_place` bytes, and the caller's buffer (the
+/// queue's own requests, Connect, are always copied).
+#[inline(always)]
+fn leave_in_place<B>(data: &[u8], min_in_place: usize, r: &ReqState<B>) -> bool {
+    data.len() >= min_in_place && r.internal.is_none()
+}
+
+/// Append `pdu`'s header to `buf`, hand its `data` to `in_place` at the
+/// index it belongs at, then append its data digest, if any; returns the
+/// bytes left in place. Encoding can only fail on a PLEN overflow, which
+/// the u32 checks at submit exclude.
+fn put_in_place<B>(
+    pdu: &Pdu<'_>,
+    data: &[u8],
+    encode: &EncodeConfig,
+    r: &ReqState<B>,
+    buf: &mut Vec<u8>,
+    in_place: &mut impl FnMut(usize, &[u8], u64),
+) -> usize {
+    let Ok(digest) = pdu.encode_head(encode, buf) else {
+        return 0;
+    };
+    in_place(buf.len(), data, r.user_data);
+    if let Some(d) = digest {
+        buf.extend_from_slice(&d);
+    }
+    data.len()
 }

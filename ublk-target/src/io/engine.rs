@@ -16,9 +16,12 @@
 //!   straight into the tag's buffer at that data's place instead, so read
 //!   data is copied once by the kernel and never by us (see [`rx_task`] for
 //!   why a reset with such a `Recv` in the ring is safe).
-//! - **tx**: woken when the queue has PDUs; one `Send` SQE carries
+//! - **tx**: woken when the queue has PDUs; one `SendMsg` SQE carries
 //!   everything queued since the last one, so requests that arrive in the
-//!   same ring pass go out in one write.
+//!   same ring pass go out in one write. PDU headers are gathered in the
+//!   thread's send buffer; write data of at least [`TX_IN_PLACE_BYTES`]
+//!   is sent from the tag's buffer where it is (an iovec), not copied
+//!   (see [`tx_task`] for why the tag is pinned until the send is done).
 //! - **tick**: a `Timeout` SQE every [`TICK`]: command timeouts, keep-alive
 //!   is on the admin queue (the blocking [`Controller`](nvmf_initiator::blocking::Controller)'s maintenance thread),
 //!   and reconnect: when the controller has been reset (its epoch moved) or
@@ -45,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use nvmf_initiator::{Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
+use qos_core::Nanos;
 
 use crate::io::fanout::PartId;
 pub use crate::io::requests::TagBuf;
@@ -60,13 +64,34 @@ const CLASSES: usize = NvmeClass::ALL.len();
 pub const TICK: Duration = Duration::from_millis(50);
 
 /// Receive buffer per connection.
-const RX_BYTES: usize = 256 * 1024;
+pub const RX_BYTES: usize = 256 * 1024;
+/// What a receive into that buffer asks for while a read still expects at
+/// least [`LARGE_READ_BYTES`] of data: a full-size receive would take
+/// (and so copy) most of a large read's data out of the buffer, a short
+/// one takes the headers before it and a little of its data, and the rest
+/// is offered for a direct receive (measured with
+/// `examples/client_path_cost.rs`: 128 KiB reads went from 131,072 bytes
+/// copied per read to about 8 KiB, at two receives per read instead of
+/// about one half).
+pub const RX_SHORT_BYTES: usize = 8 * 1024;
+/// See [`RX_SHORT_BYTES`]: below this a read's data is cheaper to copy than
+/// a second receive.
+pub const LARGE_READ_BYTES: u32 = 64 * 1024;
 /// Receive C2HData data straight into the tag's buffer only when at least
 /// this much of it is still due: below that, the `Recv` that also brings
 /// the PDUs behind it saves a ring round trip worth more than the copy.
-const DIRECT_MIN_BYTES: usize = 16 * 1024;
+pub const DIRECT_MIN_BYTES: usize = 16 * 1024;
 /// Bytes gathered per send.
-const TX_LIMIT: usize = 256 * 1024;
+pub const TX_LIMIT: usize = 256 * 1024;
+/// Write data (in-capsule or H2CData) of at least this many bytes is sent
+/// from the tag's buffer instead of being copied into the send buffer.
+/// Smaller data is copied: one iovec each would cost the kernel more than
+/// the copy, and this bounds the iovecs per send (see [`MAX_TX_IOVECS`]).
+pub const TX_IN_PLACE_BYTES: usize = 4096;
+/// Most iovecs one send can need: a header run before and after each piece
+/// of data left in place (`poll_transmit_vectored` leaves at most
+/// `TX_LIMIT / TX_IN_PLACE_BYTES + 1` in place), far below `UIO_MAXIOV`.
+pub const MAX_TX_IOVECS: usize = 2 * (TX_LIMIT / TX_IN_PLACE_BYTES + 1) + 1;
 
 /// One io_uring operation, as the libublk adapter submits it on the
 /// queue's ring (`ublk::uring_op`); the result is the CQE's `res`.
@@ -117,6 +142,10 @@ pub struct Engine {
     requests: Requests,
     pace_waker: Option<Waker>,
     wakers: Vec<Option<Waker>>,
+    /// Per tag: sends in the ring that read its buffer in place (one per
+    /// path at most); the tag is not handed back to the driver while any
+    /// is (see [`tx_task`]).
+    tx_pins: Vec<u8>,
 }
 
 /// The engine's paths as the requests' [`PartSink`].
@@ -205,6 +234,7 @@ impl Engine {
             paths,
             path_of,
             wakers: vec![None; usize::from(depth)],
+            tx_pins: vec![0; usize::from(depth)],
         }
     }
 
@@ -355,8 +385,11 @@ impl Engine {
     /// The outcome of tag `tag`'s request, once known and once no `Recv`
     /// can write into its buffer any more.
     fn poll_result(&mut self, tag: u16, cx: &Context<'_>) -> Poll<bool> {
-        if self.paths.iter().any(|p| p.rx_direct_tag == Some(tag)) {
-            // on_direct wakes the tag when that Recv completes.
+        if self.paths.iter().any(|p| p.rx_direct_tag == Some(tag))
+            || self.tx_pins[usize::from(tag)] > 0
+        {
+            // on_direct wakes the tag when that Recv completes, on_sent
+            // when the last send reading its buffer does.
             self.wakers[usize::from(tag)] = Some(cx.waker().clone());
             return Poll::Pending;
         }
@@ -373,8 +406,10 @@ impl Engine {
     /// its connection.
     fn drain_events(&mut self, p: usize) {
         let r = self.paths[p].replica;
-        let at = Instant::now();
-        let mut completed = false;
+        // The clock is read once per batch, and only if something completed
+        // (a direct receive usually brings no event): the QoS clock's
+        // conversion alone is ~90 instructions.
+        let mut clock: Option<(Instant, Nanos)> = None;
         while let Some(ev) = self.paths[p]
             .conn
             .as_mut()
@@ -383,16 +418,17 @@ impl Engine {
             match ev {
                 Event::Connected { .. } => {}
                 Event::Completed(done) => {
-                    let now = self.requests.now(at);
+                    let (at, now) = *clock.get_or_insert_with(|| {
+                        let at = Instant::now();
+                        (at, self.requests.now(at))
+                    });
                     let (req, mut sink) = self.split(at);
                     req.on_completion(now, r, &done, &mut sink);
-                    completed = true;
                 }
                 Event::Failed(e) => self.on_failure(p, e),
             }
         }
-        if completed {
-            let now = self.requests.now(at);
+        if let Some((at, now)) = clock {
             let (req, mut sink) = self.split(at);
             req.pump_if_queued(now, &mut sink);
             self.after_requests();
@@ -538,14 +574,42 @@ impl Engine {
             .conn
             .as_mut()
             .filter(|c| c.generation == generation)?;
-        let tag = PartId::from_user_data(c.queue.rx_direct_user_data()?)?.tag;
-        let place = c
-            .queue
-            .rx_direct()
-            .filter(|b| b.len() >= DIRECT_MIN_BYTES)?;
-        let at = (place.as_mut_ptr(), place.len());
+        let (tag, ptr, len) = direct_place(&mut c.queue)?;
         self.paths[p].rx_direct_tag = Some(tag);
-        Some(at)
+        Some((ptr, len))
+    }
+
+    /// How much path `p`'s next receive into the thread's buffer asks for
+    /// ([`buffered_len`]).
+    fn rx_len(&self, p: usize) -> usize {
+        self.paths[p]
+            .conn
+            .as_ref()
+            .map_or(RX_BYTES, |c| buffered_len(&c.queue))
+    }
+
+    /// Gather path `p`'s PDUs into `buf` and `placed` ([`gather`]) and pin
+    /// the tags whose buffers `placed` points into.
+    fn tx_gather(&mut self, p: usize, buf: &mut Vec<u8>, placed: &mut Vec<Placed>) {
+        if let Some(c) = self.paths[p].conn.as_mut() {
+            gather(&mut c.queue, buf, placed);
+        }
+        for d in placed.iter() {
+            self.tx_pins[usize::from(d.tag)] += 1;
+        }
+        self.stats.sends.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A send that read `placed` in place is done (sent, or failed): unpin
+    /// their tags and wake the ones no other send holds.
+    fn on_sent(&mut self, placed: &[Placed]) {
+        for d in placed {
+            let t = usize::from(d.tag);
+            self.tx_pins[t] -= 1;
+            if self.tx_pins[t] == 0 {
+                wake(&mut self.wakers[t]);
+            }
+        }
     }
 
     /// A direct `Recv` of path `p`'s connection `generation` completed
@@ -611,6 +675,104 @@ fn cfg_qid(p: &Path) -> u16 {
 fn wake(w: &mut Option<Waker>) {
     if let Some(w) = w.take() {
         w.wake();
+    }
+}
+
+/// Where the next receive of `q`'s connection should write, if enough of
+/// a C2HData PDU's data is due (at least [`DIRECT_MIN_BYTES`]): the tag
+/// whose buffer it is, and that part of the buffer.
+pub fn direct_place(q: &mut Queue<TagBuf>) -> Option<(u16, *mut u8, usize)> {
+    let tag = PartId::from_user_data(q.rx_direct_user_data()?)?.tag;
+    let place = q.rx_direct().filter(|b| b.len() >= DIRECT_MIN_BYTES)?;
+    Some((tag, place.as_mut_ptr(), place.len()))
+}
+
+/// How many bytes a receive into the thread's buffer asks for on `q`'s
+/// connection: [`RX_SHORT_BYTES`] while a read still expects
+/// [`LARGE_READ_BYTES`] or more of data (so that its data is left for a
+/// direct receive), else [`RX_BYTES`].
+pub fn buffered_len(q: &Queue<TagBuf>) -> usize {
+    if q.expects_read_data(LARGE_READ_BYTES) {
+        RX_SHORT_BYTES
+    } else {
+        RX_BYTES
+    }
+}
+
+/// Write data a send takes from a tag's buffer where it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    /// Where in the send buffer it goes (the bytes before are the PDU's
+    /// header and everything gathered before it).
+    pub at: usize,
+    /// The data, in the tag's buffer.
+    pub ptr: *const u8,
+    /// Its length.
+    pub len: usize,
+    /// The tag whose buffer it is.
+    pub tag: u16,
+}
+
+/// One send's worth of `q`'s PDUs: headers and small data into `buf`,
+/// write data of at least [`TX_IN_PLACE_BYTES`] into `placed` (both
+/// cleared first). Returns the bytes to send.
+pub fn gather(q: &mut Queue<TagBuf>, buf: &mut Vec<u8>, placed: &mut Vec<Placed>) -> usize {
+    buf.clear();
+    placed.clear();
+    q.poll_transmit_vectored(buf, TX_LIMIT, TX_IN_PLACE_BYTES, |at, data, user_data| {
+        // Every request on the engine's queues is a part
+        // (`Requests::send_part`); its user_data names the tag.
+        let tag = PartId::from_user_data(user_data).map_or(user_data as u16, |p| p.tag);
+        placed.push(Placed {
+            at,
+            ptr: data.as_ptr(),
+            len: data.len(),
+            tag,
+        });
+    })
+}
+
+/// The iovecs that send `buf` with `placed` spliced in (in order), into
+/// `iov` (cleared first). The pointers are `buf`'s and `placed`'s: valid
+/// while `buf` is neither changed nor dropped and the tags stay pinned.
+pub fn iovecs(buf: &[u8], placed: &[Placed], iov: &mut Vec<libc::iovec>) {
+    iov.clear();
+    let mut from = 0;
+    for d in placed {
+        if d.at > from {
+            iov.push(libc::iovec {
+                iov_base: buf[from..].as_ptr() as *mut libc::c_void,
+                iov_len: d.at - from,
+            });
+        }
+        iov.push(libc::iovec {
+            iov_base: d.ptr as *mut libc::c_void,
+            iov_len: d.len,
+        });
+        from = d.at;
+    }
+    if buf.len() > from {
+        iov.push(libc::iovec {
+            iov_base: buf[from..].as_ptr() as *mut libc::c_void,
+            iov_len: buf.len() - from,
+        });
+    }
+}
+
+/// After a send of `n` bytes from `iov[*first..]`: drop what was sent, so
+/// `iov[*first..]` is what is left (the first entry possibly shortened).
+pub fn advance_iovecs(iov: &mut [libc::iovec], first: &mut usize, mut n: usize) {
+    while n > 0 && *first < iov.len() {
+        let v = &mut iov[*first];
+        if n < v.iov_len {
+            // SAFETY: `n` is within the entry, so the pointer stays in the
+            // buffer it points into.
+            v.iov_base = unsafe { (v.iov_base as *mut u8).add(n) } as *mut libc::c_void;
+            v.iov_len -= n;
+            return;
+        }
+        n -= v.iov_len;
+        *first += 1;
     }
 }
 
@@ -798,8 +960,11 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
             what: Wait::Rx,
         }
         .await;
-        let direct = engine.borrow_mut().rx_place(path, generation);
-        let (ptr, len) = direct.unwrap_or((buf.as_mut_ptr(), buf.len()));
+        let (direct, short) = {
+            let mut e = engine.borrow_mut();
+            (e.rx_place(path, generation), e.rx_len(path))
+        };
+        let (ptr, len) = direct.unwrap_or((buf.as_mut_ptr(), short.min(buf.len())));
         let sqe = io_uring::opcode::Recv::new(io_uring::types::Fd(fd), ptr, len as u32).build();
         let res = op(sqe).await;
         let mut e = engine.borrow_mut();
@@ -815,9 +980,41 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
 
 /// The transmit task of path `path` (runs for the queue thread's
 /// lifetime).
+///
+/// Each `SendMsg` carries the PDU headers (and small data) gathered in the
+/// thread's send buffer and, as iovecs between them, write data of at
+/// least [`TX_IN_PLACE_BYTES`] straight from the tags' buffers ([`gather`]):
+/// the kernel copies it once, we never do. The kernel reads those buffers
+/// until the `SendMsg` completes, which may be after the request itself has
+/// completed (a target may answer before all data left) or after the
+/// connection was reset and the request handed back, resubmitted elsewhere
+/// or failed. That is safe because:
+///
+/// - every tag with data in the send is pinned (`Engine::tx_gather`) until
+///   this task has seen the last `SendMsg` of the batch complete
+///   (`Engine::on_sent`), and `poll_result` does not hand a pinned tag
+///   back to its task: its buffer is not committed to the driver, so
+///   neither the driver (the next request's data) nor a read (its data)
+///   writes it meanwhile, and the tag task, hence `queue_main`, cannot
+///   finish and free the buffers before that either;
+/// - a write's data is only ever read by the engine (every part of a
+///   write holds a shared view), so several sends (one per replica) may
+///   read one tag's buffer at once;
+/// - the send buffer and the iovec array are leaked, as the receive
+///   buffer is, and not touched until the `SendMsg` has completed; when the
+///   queue thread ends with a send in the ring, `queue_main` keeps (leaks)
+///   the tag buffers as it does for a direct `Recv`.
+///
+/// What the send carries is what `poll_transmit` would have copied, byte
+/// for byte (`Queue::poll_transmit_vectored`): the wire does not change.
 pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
     // Leaked for the same reason as the receive buffer.
     let buf: &'static mut Vec<u8> = Box::leak(Box::new(Vec::with_capacity(2 * TX_LIMIT)));
+    let placed: &'static mut Vec<Placed> =
+        Box::leak(Box::new(Vec::with_capacity(MAX_TX_IOVECS / 2)));
+    let iov: &'static mut Vec<libc::iovec> = Box::leak(Box::new(Vec::with_capacity(MAX_TX_IOVECS)));
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let msg: &'static mut libc::msghdr = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
     loop {
         let (generation, fd) = WaitFor {
             engine: Rc::clone(&engine),
@@ -825,31 +1022,25 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
             what: Wait::Tx,
         }
         .await;
-        buf.clear();
-        {
-            let mut e = engine.borrow_mut();
-            if let Some(c) = e.paths[path].conn.as_mut() {
-                c.queue.poll_transmit(buf, TX_LIMIT);
-            }
-            e.stats.sends.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut off = 0;
-        while off < buf.len() {
-            let sqe = io_uring::opcode::Send::new(
-                io_uring::types::Fd(fd),
-                buf[off..].as_ptr(),
-                (buf.len() - off) as u32,
-            )
-            .flags(libc::MSG_NOSIGNAL)
-            .build();
+        engine.borrow_mut().tx_gather(path, buf, placed);
+        iovecs(buf, placed, iov);
+        let mut first = 0;
+        while first < iov.len() {
+            let rest = &mut iov[first..];
+            msg.msg_iov = rest.as_mut_ptr();
+            msg.msg_iovlen = rest.len() as _;
+            let sqe = io_uring::opcode::SendMsg::new(io_uring::types::Fd(fd), msg)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build();
             let res = op(sqe).await;
             if res > 0 {
-                off += res as usize;
+                advance_iovecs(iov, &mut first, res as usize);
             } else if res != -libc::EINTR && res != -libc::EAGAIN {
                 engine.borrow_mut().on_socket_error(path, generation, res);
                 break;
             }
         }
+        engine.borrow_mut().on_sent(placed);
     }
 }
 
@@ -862,5 +1053,83 @@ pub async fn tick_task(engine: Rc<RefCell<Engine>>, op: UringOp) {
         let sqe = io_uring::opcode::Timeout::new(&ts).build();
         op(sqe).await;
         engine.borrow_mut().tick(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(iov: &[libc::iovec]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for v in iov {
+            // SAFETY: the tests' iovecs point into live vectors.
+            out.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn iovecs_splice_the_placed_data_in_order() {
+        let buf: Vec<u8> = (0..100).collect();
+        let d1 = vec![200u8; 7];
+        let d2 = vec![201u8; 5];
+        let d3 = vec![202u8; 3];
+        let placed = [
+            Placed {
+                at: 0,
+                ptr: d1.as_ptr(),
+                len: d1.len(),
+                tag: 0,
+            },
+            Placed {
+                at: 40,
+                ptr: d2.as_ptr(),
+                len: d2.len(),
+                tag: 1,
+            },
+            Placed {
+                at: 40,
+                ptr: d3.as_ptr(),
+                len: d3.len(),
+                tag: 2,
+            },
+        ];
+        let mut iov = Vec::new();
+        iovecs(&buf, &placed, &mut iov);
+        // No empty runs of the send buffer between or around them.
+        assert_eq!(iov.len(), 5);
+        let mut want = d1.clone();
+        want.extend_from_slice(&buf[..40]);
+        want.extend_from_slice(&d2);
+        want.extend_from_slice(&d3);
+        want.extend_from_slice(&buf[40..]);
+        assert_eq!(bytes(&iov), want);
+        iovecs(&buf[..40], &placed[1..2], &mut iov);
+        assert_eq!(iov.len(), 2, "nothing after the last piece");
+    }
+
+    #[test]
+    fn advance_drops_what_was_sent_at_any_count() {
+        let a: Vec<u8> = (0..10).collect();
+        let b: Vec<u8> = (10..13).collect();
+        let c: Vec<u8> = (13..30).collect();
+        let all: Vec<u8> = (0..30).collect();
+        for split in 0..=30 {
+            let mut iov = Vec::new();
+            for v in [&a, &b, &c] {
+                iov.push(libc::iovec {
+                    iov_base: v.as_ptr() as *mut libc::c_void,
+                    iov_len: v.len(),
+                });
+            }
+            let mut first = 0;
+            advance_iovecs(&mut iov, &mut first, split);
+            assert_eq!(bytes(&iov[first..]), &all[split..], "after {split}");
+            advance_iovecs(&mut iov, &mut first, 30 - split);
+            assert_eq!(first, iov.len());
+        }
     }
 }

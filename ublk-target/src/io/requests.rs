@@ -32,7 +32,10 @@ use crate::volume::Stats;
 /// The buffers are allocated once per queue thread and outlive the engine
 /// (see `ublk.rs`), and a tag's buffer is touched by nobody else while its
 /// request is in the engine: the tag task waits for the completion before
-/// it commits the buffer back to the driver. A read has one part at a
+/// it commits the buffer back to the driver, and also, when the kernel may
+/// still use the buffer after the request ended, for the direct `Recv`
+/// writing into it or the `SendMsg` reading a write's data from it
+/// (`engine::rx_task`, `engine::tx_task`). A read has one part at a
 /// time, which may write the buffer ([`TagBuf::exclusive`]); the parts of
 /// a write (one per replica) share it read-only ([`TagBuf::shared`]).
 pub struct TagBuf {

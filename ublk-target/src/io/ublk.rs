@@ -252,11 +252,12 @@ fn queue_main(qid: u16, dev: &UblkDev, vol: Arc<Volume>) {
             log::error!("ublk queue {qid}: {e}");
         }
     }));
-    // A Recv straight into a tag's buffer (engine::rx_task) may still be in
+    // A Recv straight into a tag's buffer (engine::rx_task), or a SendMsg
+    // reading a write's data from one (engine::tx_task), may still be in
     // the ring when the loop ends (an error, or the queue going down with
-    // a read's data due): the kernel could write into the buffers after
-    // this thread freed them. Keep them: the queue thread ends only when
-    // the device does, and the process (one per volume) exits soon after.
+    // a read's data due): the kernel could use the buffers after this
+    // thread freed them. Keep them: the queue thread ends only when the
+    // device does, and the process (one per volume) exits soon after.
     std::mem::forget(bufs);
 }
 
