@@ -9,11 +9,15 @@
 //!   reject a `toml::Spanned` value by its field name.
 //! - [`parse_size`]: the one grammar for sizes (`4096`, `4k`, `"512KiB"`,
 //!   `1G`) in config files and on command lines.
+//! - [`refuse_world_readable`]: files holding secrets must not be readable
+//!   by every user.
 
 mod ctx;
 mod error;
+mod secret_file;
 mod size;
 
 pub use ctx::Ctx;
 pub use error::{line_column, ConfigError};
+pub use secret_file::refuse_world_readable;
 pub use size::{parse_size, SizeError};
