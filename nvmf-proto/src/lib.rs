@@ -18,6 +18,9 @@
 //! - [`identify`], [`log_page`]: Identify data structures, error/SMART logs,
 //!   the discovery log page, and a vendor log page hook.
 //! - [`uuid`]: host identifiers (UUIDs) to and from text.
+//! - [`auth`]: NVMe in-band authentication (DH-HMAC-CHAP): messages,
+//!   `DHHC-1` secrets, the FFDHE groups, and host and controller state
+//!   machines ([`HostAuth`], [`CtrlAuth`]) that interoperate with Linux.
 //!
 //! Decoding never panics on any input and never allocates from a length it
 //! read off the wire without checking it against a configured bound.
@@ -84,6 +87,7 @@
 //!   read with trailing spaces or NULs dropped (Linux nvmet pads with NULs);
 //!   NQNs must be NUL-terminated in Connect data and discovery entries.
 
+pub mod auth;
 pub mod command;
 pub mod cqe;
 pub mod decoder;
@@ -99,6 +103,7 @@ pub mod status;
 pub mod uuid;
 mod wire;
 
+pub use auth::{CtrlAuth, DhchapSecret, HostAuth};
 pub use command::{AdminCommand, IoCommand};
 pub use cqe::Cqe;
 pub use decoder::{DataHeader, DataHeaderDecoded, Decoded, DecoderConfig, PduDecoder, PduReader};

@@ -65,3 +65,12 @@ fn reference_crc_matches_the_standard_check_value() {
     assert_eq!(reference_crc32c(b"123456789"), 0xE306_9283);
     assert_eq!(nvmf_proto::pdu::crc32c(b"123456789"), 0xE306_9283);
 }
+
+/// Parse contiguous hex (the generated known-answer constants).
+pub fn unhex(s: &str) -> Vec<u8> {
+    assert!(s.len() % 2 == 0, "odd hex length");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex byte"))
+        .collect()
+}

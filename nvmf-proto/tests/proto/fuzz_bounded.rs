@@ -196,3 +196,52 @@ fn twenty_thousand_hostile_inputs() {
         started.elapsed()
     );
 }
+
+/// The authentication half of the fuzz driver, with seeds it can get
+/// somewhere from: every message of two real transactions (null group and
+/// ffdhe2048), mutated, and controller scripts (Negotiate, Receive, Reply
+/// records around mutated bytes). Asserts no panic, that the controller
+/// only ever returns well-formed messages within AL, and that the host
+/// only ever sends well-formed ones (inside `exercise_auth`).
+#[test]
+fn five_thousand_hostile_auth_inputs() {
+    let started = Instant::now();
+    let seeds = fuzz_support::auth_transcripts();
+    assert!(seeds.len() >= 10, "two full transactions");
+    for s in &seeds {
+        assert!(fuzz_support::exercise_auth(s) == 1, "every seed decodes");
+    }
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let mut decoded = 0usize;
+    for i in 0..5_000 {
+        let input = if i % 2 == 0 {
+            mutate(&mut rng, &seeds)
+        } else {
+            // [group selector] then records [op, len, bytes...].
+            let mut v = vec![if rng.below(4) == 0 { 0xD7 } else { 1 }];
+            for _ in 0..1 + rng.below(6) {
+                let op = rng.below(4) as u8;
+                let chunk: Vec<u8> = match op {
+                    1 => vec![0x00, [0x10u8, 0x01, 0x00][rng.below(3)]],
+                    _ => {
+                        let m = mutate(&mut rng, &seeds);
+                        m[..m.len().min(255)].to_vec()
+                    }
+                };
+                v.push(op);
+                v.push(chunk.len() as u8);
+                v.extend(chunk);
+            }
+            v
+        };
+        decoded += fuzz_support::exercise_auth(&input);
+    }
+    assert!(
+        decoded > 500,
+        "mutations should still decode often: {decoded}"
+    );
+    eprintln!(
+        "5000 auth inputs, {decoded} messages decoded, {:?}",
+        started.elapsed()
+    );
+}
