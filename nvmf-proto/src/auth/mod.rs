@@ -46,6 +46,59 @@
 //! on that queue with Authentication Required (`Status::AUTHENTICATION_REQUIRED`)
 //! until the queue is authenticated.
 //!
+//! # Driving a transaction
+//!
+//! ```
+//! use std::sync::Arc;
+//! use nvmf_proto::auth::{
+//!     CtrlAuth, CtrlAuthConfig, CtrlProgress, DhGroup, DhchapSecret, HostAuth, HostAuthConfig,
+//!     HostNext,
+//! };
+//! use nvmf_proto::fabrics::{AuthenticationReceive, AuthenticationSend};
+//!
+//! let host_nqn = "nqn.2014-08.org.nvmexpress:uuid:f81d4fae-7dec-11d0-a765-00a0c91e6bf6";
+//! let subnqn = "nqn.2024-05.io.gimbal:disk1";
+//! // What `nvme gen-dhchap-key` printed, given to both sides.
+//! let key: DhchapSecret = "DHHC-1:00:QEFCQ0RFRkdISUpLTE1OT1BRUlNUVVZXWFlaW1xdXl9YjiZe:".parse()?;
+//!
+//! // Target: per host, after a Connect answered with AuthReq::ATR.
+//! let cfg = CtrlAuthConfig::new(host_nqn, subnqn, key.clone()).with_dh_groups(&[DhGroup::Null]);
+//! let mut ctrl = CtrlAuth::new(Arc::new(cfg), 0)?;
+//!
+//! // Initiator: on the same queue, with a fresh transaction ID.
+//! let mut host = HostAuth::new(Arc::new(HostAuthConfig::new(host_nqn, subnqn, key)), 0, 1)?;
+//! let mut step = host.start();
+//! let authenticated = loop {
+//!     if let Some(message) = step.send.take() {
+//!         // Host: Authentication Send, TL = message length, data in-capsule.
+//!         let sqe = AuthenticationSend::dhchap(message.len() as u32).to_sqe(1);
+//!         // Target: check the SQE, then feed the data.
+//!         AuthenticationSend::from_sqe(&sqe)?.check_dhchap()?;
+//!         let _progress = ctrl.on_send(&message);
+//!     }
+//!     match step.next {
+//!         HostNext::Receive { al } => {
+//!             // Host: Authentication Receive with AL = 4096.
+//!             let sqe = AuthenticationReceive::dhchap(al).to_sqe(2);
+//!             let cmd = AuthenticationReceive::from_sqe(&sqe)?;
+//!             cmd.check_dhchap()?;
+//!             // Target: return `data` in C2HData (an AL too small for the
+//!             // message is an Invalid Field in Command).
+//!             let reply = ctrl.on_receive(cmd.al).expect("AL is large enough");
+//!             if let CtrlProgress::Authenticated(a) = &reply.progress {
+//!                 assert!(!a.bidirectional); // the target may now serve the queue
+//!             }
+//!             step = host.receive(&reply.data);
+//!         }
+//!         HostNext::Done(a) => break a,
+//!         HostNext::Failed(e) => panic!("{e}"),
+//!     }
+//! };
+//! assert_eq!(authenticated.dh_group, DhGroup::Null);
+//! assert!(ctrl.is_authenticated());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Decisions where the specification or Linux leave room
 //!
 //! - **Hash and group choice.** [`CtrlAuth`] picks the first entry of its
