@@ -19,6 +19,23 @@
 //! `namespace.rs`.
 //! Hosts are denied unless `allow_any_host = true` or their NQN is listed in
 //! `allowed_hosts`: a target that serves any host by accident is a data leak.
+//!
+//! A host with a `[[host]]` table must authenticate with DH-HMAC-CHAP
+//! (NVMe Base Specification 2.x, "Authentication"; nvmet's per-host
+//! `dhchap_key`, `dhchap_ctrl_key`, `dhchap_hash`, `dhchap_dhgroup`):
+//!
+//! ```toml
+//! [[host]]
+//! nqn = "nqn.2014-08.org.nvmexpress:uuid:..."
+//! dhchap_secret = "DHHC-1:01:...:"        # the host's key (`nvme gen-dhchap-key`)
+//! dhchap_ctrl_secret = "DHHC-1:01:...:"   # optional: the target proves itself too
+//! dhchap_hash = ["sha256", "sha384", "sha512"]   # allowed, preferred first
+//! dhchap_dhgroup = ["null", "ffdhe2048"]         # allowed, preferred first
+//! ```
+//!
+//! and a subsystem with `require_auth = true` refuses every host that has
+//! no secret. A file that holds a secret is refused when every user may
+//! read it ([`TargetConfig::load`]).
 
 mod namespace;
 
@@ -27,6 +44,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use config_diag::Ctx;
+use nvmf_proto::auth::{DhGroup, DhchapSecret, HashId};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -50,6 +68,37 @@ pub struct TargetConfig {
     pub timeouts: Timeouts,
     /// The NVM subsystems served (never the discovery subsystem).
     pub subsystems: Vec<SubsystemConfig>,
+    /// Hosts that authenticate with DH-HMAC-CHAP (`[[host]]` tables), in
+    /// file order.
+    pub hosts: Vec<HostConfig>,
+}
+
+impl TargetConfig {
+    /// The authentication settings of the host `nqn`, if it has any.
+    pub fn host(&self, nqn: &str) -> Option<&HostConfig> {
+        self.hosts.iter().find(|h| h.nqn == nqn)
+    }
+}
+
+/// How one host authenticates (a `[[host]]` table): the keys and what may
+/// be negotiated, as nvmet keeps them per host in configfs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostConfig {
+    /// Host NQN.
+    pub nqn: String,
+    /// The host's secret (nvmet `dhchap_key`); the host proves it knows it.
+    pub dhchap_secret: DhchapSecret,
+    /// The controller's secret (nvmet `dhchap_ctrl_key`): when set, a host
+    /// that asks for it gets proof that the target knows this key.
+    pub dhchap_ctrl_secret: Option<DhchapSecret>,
+    /// Hashes allowed, preferred first (default SHA-256, -384, -512).
+    pub dhchap_hashes: Vec<HashId>,
+    /// DH groups allowed, preferred first (default null, then ffdhe2048 ..
+    /// ffdhe8192: the null group first, as nvmet's default, because the
+    /// exchange adds nothing without secure channel concatenation, which
+    /// this target does not offer, and costs two modular exponentiations
+    /// per queue).
+    pub dhchap_dhgroups: Vec<DhGroup>,
 }
 
 /// Queue and transfer limits advertised to hosts, and the memory budget
@@ -159,6 +208,9 @@ pub struct SubsystemConfig {
     pub allow_any_host: bool,
     /// Host NQNs accepted when `allow_any_host` is false.
     pub allowed_hosts: BTreeSet<String>,
+    /// Refuse hosts without a DH-HMAC-CHAP secret (`[[host]]`); hosts with
+    /// one authenticate whether or not this is set.
+    pub require_auth: bool,
     /// Namespaces, by ascending NSID.
     pub namespaces: Vec<NamespaceConfig>,
 }
@@ -185,6 +237,40 @@ struct RawConfig {
     timeouts: Option<Spanned<Timeouts>>,
     #[serde(default, rename = "subsystem")]
     subsystems: Vec<RawSubsystem>,
+    #[serde(default, rename = "host")]
+    hosts: Vec<RawHost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    nqn: Spanned<String>,
+    #[serde(default)]
+    dhchap_secret: Option<Spanned<String>>,
+    #[serde(default)]
+    dhchap_ctrl_secret: Option<Spanned<String>>,
+    #[serde(default)]
+    dhchap_hash: Option<Spanned<OneOrMany>>,
+    #[serde(default)]
+    dhchap_dhgroup: Option<Spanned<OneOrMany>>,
+}
+
+/// A name or a list of names (`dhchap_hash = "sha256"` or `["sha256",
+/// "sha512"]`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn names(&self) -> Vec<&str> {
+        match self {
+            OneOrMany::One(s) => vec![s.as_str()],
+            OneOrMany::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -199,6 +285,8 @@ struct RawSubsystem {
     allow_any_host: bool,
     #[serde(default)]
     allowed_hosts: Vec<Spanned<String>>,
+    #[serde(default)]
+    require_auth: bool,
     #[serde(default, rename = "namespace")]
     namespaces: Vec<RawNamespace>,
 }
@@ -208,7 +296,11 @@ impl TargetConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let source = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::whole_file(path, format!("cannot read: {e}")))?;
-        Self::parse(path, &source)
+        let config = Self::parse(path, &source)?;
+        if !config.hosts.is_empty() {
+            config_diag::refuse_world_readable(path, "holds DH-HMAC-CHAP secrets ([[host]])")?;
+        }
+        Ok(config)
     }
 
     /// Parses and validates configuration text; `path` is used in errors.
@@ -232,9 +324,13 @@ impl TargetConfig {
             None => Timeouts::default(),
             Some(t) => validate_timeouts(&cx, &t)?,
         };
+        let mut hosts: Vec<HostConfig> = Vec::new();
+        for rh in raw.hosts {
+            hosts.push(validate_host(&cx, rh, &hosts)?);
+        }
         let mut subsystems: Vec<SubsystemConfig> = Vec::new();
         for rs in raw.subsystems {
-            subsystems.push(validate_subsystem(&cx, rs, &subsystems)?);
+            subsystems.push(validate_subsystem(&cx, rs, &subsystems, &hosts)?);
         }
         Ok(TargetConfig {
             listen,
@@ -242,6 +338,7 @@ impl TargetConfig {
             keep_alive,
             timeouts,
             subsystems,
+            hosts,
         })
     }
 }
@@ -415,10 +512,110 @@ fn ascii_text(
     }
 }
 
+/// One `[[host]]` table: a known NQN once, a secret that parses (the
+/// error never quotes it), a controller secret unlike the host's, and
+/// known hash and group names.
+fn validate_host(cx: &Ctx, rh: RawHost, earlier: &[HostConfig]) -> Result<HostConfig, ConfigError> {
+    validate_nqn(cx, &rh.nqn, "host.nqn")?;
+    let nqn = rh.nqn.get_ref().clone();
+    if earlier.iter().any(|h| h.nqn == nqn) {
+        return Err(cx.err(
+            &rh.nqn,
+            "host.nqn",
+            format!("host `{nqn}` is defined twice"),
+        ));
+    }
+    let secret = |v: &Spanned<String>, field: &str| {
+        DhchapSecret::parse(v.get_ref()).map_err(|e| cx.err(v, field, e.to_string()))
+    };
+    let Some(raw_secret) = &rh.dhchap_secret else {
+        return Err(cx.err(
+            &rh.nqn,
+            "host.dhchap_secret",
+            format!(
+                "host `{nqn}` has no dhchap_secret (a [[host]] table says how a host \
+                 authenticates; generate one with `nvme gen-dhchap-key -n {nqn}`)"
+            ),
+        ));
+    };
+    let dhchap_secret = secret(raw_secret, "host.dhchap_secret")?;
+    let dhchap_ctrl_secret = match &rh.dhchap_ctrl_secret {
+        Some(v) => {
+            let s = secret(v, "host.dhchap_ctrl_secret")?;
+            // One key for both directions lets whoever learns it pose as
+            // either side; nvme-cli's documentation asks for two.
+            if s == dhchap_secret {
+                return Err(cx.err(
+                    v,
+                    "host.dhchap_ctrl_secret",
+                    "is the same key as dhchap_secret; use a key of its own",
+                ));
+            }
+            Some(s)
+        }
+        None => None,
+    };
+    fn names<T: std::str::FromStr>(
+        cx: &Ctx,
+        v: &Option<Spanned<OneOrMany>>,
+        field: &str,
+        all: &[T],
+        known: &str,
+    ) -> Result<Vec<T>, ConfigError>
+    where
+        T: Copy + PartialEq,
+    {
+        let Some(v) = v else {
+            return Ok(all.to_vec());
+        };
+        let names = v.get_ref().names();
+        if names.is_empty() {
+            return Err(cx.err(v, field, format!("needs at least one of {known}")));
+        }
+        let mut out: Vec<T> = Vec::new();
+        for n in names {
+            // nvmet's configfs spells hashes `hmac(sha256)`: accept both.
+            let bare = n
+                .strip_prefix("hmac(")
+                .and_then(|r| r.strip_suffix(')'))
+                .unwrap_or(n);
+            let Ok(t) = bare.parse::<T>() else {
+                return Err(cx.err(v, field, format!("`{n}` is not one of {known}")));
+            };
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+    let dhchap_hashes = names(
+        cx,
+        &rh.dhchap_hash,
+        "host.dhchap_hash",
+        &HashId::ALL,
+        "sha256, sha384, sha512",
+    )?;
+    let dhchap_dhgroups = names(
+        cx,
+        &rh.dhchap_dhgroup,
+        "host.dhchap_dhgroup",
+        &DhGroup::ALL,
+        "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192",
+    )?;
+    Ok(HostConfig {
+        nqn,
+        dhchap_secret,
+        dhchap_ctrl_secret,
+        dhchap_hashes,
+        dhchap_dhgroups,
+    })
+}
+
 fn validate_subsystem(
     cx: &Ctx,
     rs: RawSubsystem,
     earlier: &[SubsystemConfig],
+    hosts: &[HostConfig],
 ) -> Result<SubsystemConfig, ConfigError> {
     validate_nqn(cx, &rs.nqn, "subsystem.nqn")?;
     let nqn = rs.nqn.get_ref().clone();
@@ -447,6 +644,17 @@ fn validate_subsystem(
     let mut allowed_hosts = BTreeSet::new();
     for h in &rs.allowed_hosts {
         validate_nqn(cx, h, "subsystem.allowed_hosts")?;
+        if rs.require_auth && !hosts.iter().any(|k| &k.nqn == h.get_ref()) {
+            return Err(cx.err(
+                h,
+                "subsystem.allowed_hosts",
+                format!(
+                    "host `{}` has no [[host]] dhchap_secret, and subsystem {nqn} has \
+                     require_auth = true: it could never connect",
+                    h.get_ref()
+                ),
+            ));
+        }
         allowed_hosts.insert(h.get_ref().clone());
     }
     if !rs.allow_any_host && allowed_hosts.is_empty() {
@@ -467,6 +675,7 @@ fn validate_subsystem(
         model,
         allow_any_host: rs.allow_any_host,
         allowed_hosts,
+        require_auth: rs.require_auth,
         namespaces,
     })
 }
@@ -675,5 +884,152 @@ mod tests {
                 .starts_with("/nonexistent/target.toml: cannot read"),
             "{e}"
         );
+    }
+
+    // Keys from nvme-cli 2.3's `nvme gen-dhchap-key` (see
+    // nvmf-proto/tests/proto/auth_secret.rs).
+    const KEY_A: &str = "DHHC-1:01:0GUMxintlD+1ntU08h7zQX+9eM5PTH0Hf6y+psRsmsIZCqCa:";
+    const KEY_B: &str = "DHHC-1:01:5NmdC6ei6ufThKzxcNLrVwG7B51dcFJp4loC4hNpFH00R4sa:";
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+
+    fn auth_config(host: &str, subsystem_extra: &str) -> String {
+        format!(
+            "[[host]]\n{host}\n[[subsystem]]\nnqn = \"nqn.2026-01.io.t:a\"\n{subsystem_extra}\n\
+             [[subsystem.namespace]]\nbackend = \"ram\"\nsize = \"1MiB\"\n"
+        )
+    }
+
+    #[test]
+    fn hosts_with_secrets_parse_with_nvmet_defaults() {
+        let c = parse(&auth_config(
+            &format!("nqn = \"{HOST}\"\ndhchap_secret = \"{KEY_A}\""),
+            "allow_any_host = true",
+        ))
+        .unwrap();
+        let h = c.host(HOST).unwrap();
+        assert_eq!(h.dhchap_secret, DhchapSecret::parse(KEY_A).unwrap());
+        assert_eq!(h.dhchap_ctrl_secret, None);
+        assert_eq!(h.dhchap_hashes, HashId::ALL.to_vec());
+        assert_eq!(h.dhchap_dhgroups, DhGroup::ALL.to_vec());
+        assert_eq!(h.dhchap_dhgroups[0], DhGroup::Null);
+        assert!(c.host("nqn.2014-08.org.nvmexpress:other").is_none());
+        assert!(!c.subsystems[0].require_auth);
+        // Debug never shows a key.
+        assert!(!format!("{c:?}").contains("0GUMxintlD"));
+    }
+
+    #[test]
+    fn hash_and_group_lists_take_nvmet_spellings_in_order() {
+        let c = parse(&auth_config(
+            &format!(
+                "nqn = \"{HOST}\"\ndhchap_secret = \"{KEY_A}\"\ndhchap_ctrl_secret = \"{KEY_B}\"\n\
+                 dhchap_hash = [\"hmac(sha512)\", \"sha256\"]\ndhchap_dhgroup = \"ffdhe3072\""
+            ),
+            &format!("allowed_hosts = [\"{HOST}\"]\nrequire_auth = true"),
+        ))
+        .unwrap();
+        let h = c.host(HOST).unwrap();
+        assert_eq!(h.dhchap_hashes, vec![HashId::Sha512, HashId::Sha256]);
+        assert_eq!(h.dhchap_dhgroups, vec![DhGroup::Ffdhe3072]);
+        assert!(h.dhchap_ctrl_secret.is_some());
+        assert!(c.subsystems[0].require_auth);
+    }
+
+    #[test]
+    fn bad_host_tables_name_line_and_field_and_never_quote_a_key() {
+        let bad_key = "DHHC-1:01:0GUMxintlD+1ntU08h7zQX+9eM5PTH0Hf6y+psRsmsIZCqCb:";
+        let e = parse(&auth_config(
+            &format!("nqn = \"{HOST}\"\ndhchap_secret = \"{bad_key}\""),
+            "allow_any_host = true",
+        ))
+        .unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (3, "host.dhchap_secret"), "{e}");
+        assert!(e.message.contains("CRC"), "{e}");
+        assert!(!e.to_string().contains("0GUMxintlD"), "{e}");
+        let cases = [
+            (format!("nqn = \"{HOST}\""), 2, "host.dhchap_secret", "has no dhchap_secret"),
+            (
+                format!("nqn = \"{HOST}\"\ndhchap_secret = \"{KEY_A}\"\ndhchap_ctrl_secret = \"{KEY_A}\""),
+                4,
+                "host.dhchap_ctrl_secret",
+                "same key as dhchap_secret",
+            ),
+            (
+                format!("nqn = \"{HOST}\"\ndhchap_secret = \"{KEY_A}\"\ndhchap_hash = \"md5\""),
+                4,
+                "host.dhchap_hash",
+                "`md5` is not one of sha256, sha384, sha512",
+            ),
+            (
+                format!("nqn = \"{HOST}\"\ndhchap_secret = \"{KEY_A}\"\ndhchap_dhgroup = []"),
+                4,
+                "host.dhchap_dhgroup",
+                "needs at least one",
+            ),
+            (
+                format!("nqn = \"{HOST}\"\ndhchap_secret = \"secret\""),
+                3,
+                "host.dhchap_secret",
+                "must start with \"DHHC-1:\"",
+            ),
+            ("nqn = \"host1\"\ndhchap_secret = \"x\"".to_string(), 2, "host.nqn", "is not an NQN"),
+        ];
+        for (host, line, field, needle) in cases {
+            expect_err(
+                &auth_config(&host, "allow_any_host = true"),
+                line,
+                field,
+                needle,
+            );
+        }
+        let twice = format!(
+            "[[host]]\nnqn = \"{HOST}\"\ndhchap_secret = \"{KEY_A}\"\n\
+             [[host]]\nnqn = \"{HOST}\"\ndhchap_secret = \"{KEY_B}\"\n"
+        );
+        expect_err(&twice, 5, "host.nqn", "defined twice");
+        // require_auth with an allowed host that has no secret.
+        expect_err(
+            &auth_config(
+                &format!("nqn = \"{HOST}\"\ndhchap_secret = \"{KEY_A}\""),
+                "allowed_hosts = [\"nqn.2014-08.org.nvmexpress:nokey\"]\nrequire_auth = true",
+            ),
+            6,
+            "subsystem.allowed_hosts",
+            "has no [[host]] dhchap_secret",
+        );
+    }
+
+    #[test]
+    fn a_world_readable_file_with_secrets_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gimbal-auth-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("target.toml");
+        std::fs::write(
+            &f,
+            auth_config(
+                &format!("nqn = \"{HOST}\"\ndhchap_secret = \"{KEY_A}\""),
+                "allow_any_host = true",
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = TargetConfig::load(&f).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("holds DH-HMAC-CHAP secrets ([[host]]) but is readable by every user"),
+            "{e}"
+        );
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        TargetConfig::load(&f).unwrap();
+        // Without secrets the mode does not matter.
+        std::fs::write(
+            &f,
+            "[[subsystem]]\nnqn = \"nqn.2026-01.io.t:a\"\nallow_any_host = true\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        TargetConfig::load(&f).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
