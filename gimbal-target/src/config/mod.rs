@@ -555,16 +555,13 @@ fn validate_host(cx: &Ctx, rh: RawHost, earlier: &[HostConfig]) -> Result<HostCo
         }
         None => None,
     };
-    fn names<T: std::str::FromStr>(
+    fn names<T: std::str::FromStr + Copy + PartialEq>(
         cx: &Ctx,
         v: &Option<Spanned<OneOrMany>>,
         field: &str,
         all: &[T],
         known: &str,
-    ) -> Result<Vec<T>, ConfigError>
-    where
-        T: Copy + PartialEq,
-    {
+    ) -> Result<Vec<T>, ConfigError> {
         let Some(v) = v else {
             return Ok(all.to_vec());
         };

@@ -30,10 +30,12 @@ use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nvmf_proto::auth::{CtrlAuth, CtrlAuthConfig, CtrlProgress};
 use nvmf_proto::command::{DsmRange, IoCommand, ReadWrite};
 use nvmf_proto::fabrics::{
-    connect_data_offset, connect_sqe_offset, connect_success_dw0, Connect, ConnectData,
-    ConnectInvalidParameter, FabricsCommand, CNTLID_DYNAMIC, DISCOVERY_NQN,
+    connect_data_offset, connect_sqe_offset, connect_success_dw0, fctype, AuthReq,
+    AuthenticationReceive, AuthenticationSend, Connect, ConnectData, ConnectInvalidParameter,
+    FabricsCommand, CNTLID_DYNAMIC, DISCOVERY_NQN,
 };
 use nvmf_proto::pdu::{
     C2HData, CapsuleResp, EncodeConfig, IcReq, IcResp, Negotiated, Pdu, Role, TermReq, R2T,
@@ -367,7 +369,29 @@ struct Connection {
     writer_gone: CancellationToken,
     /// Cancelled to make the writer stop at once, dropping its output.
     abort_writer: CancellationToken,
+    /// DH-HMAC-CHAP on this queue, when its host has a secret (`[[host]]`).
+    auth: Option<QueueAuth>,
 }
+
+/// In-band authentication of one queue (NVMe Base Specification 2.x,
+/// "Authentication"; `nvmf_proto::auth` for the protocol).
+struct QueueAuth {
+    ctrl: CtrlAuth,
+    /// The host proved its key on this queue and no transaction has failed
+    /// since. A re-authentication in progress keeps the queue open, as
+    /// nvmet does: only a failed one closes it to everything but
+    /// authentication.
+    authenticated: bool,
+    /// Transactions begun (Negotiates) while not authenticated: each may
+    /// cost a modular exponentiation, so a host that keeps failing is
+    /// disconnected after [`MAX_AUTH_ATTEMPTS`].
+    attempts: u32,
+}
+
+/// Authentication transactions an unauthenticated queue may begin before
+/// its connection is closed. Linux retries a failed transaction never on
+/// the same queue (it reconnects), so 3 is generous.
+const MAX_AUTH_ATTEMPTS: u32 = 3;
 
 /// A request held in [`Connection::batch`].
 type Batched = (Arc<Namespace>, u32, Option<ClassTag>, IoOp, Completion);
@@ -436,6 +460,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
         handshake_deadline,
         writer_gone,
         abort_writer,
+        auth: None,
     };
     let end = conn.read_loop(&mut rd).await;
     conn.finish(end).await;
@@ -741,10 +766,16 @@ impl Connection {
                 QueueState::Io(.., lease) => Some(lease.reset.clone()),
                 _ => None,
             };
-            let handshake = matches!(
+            // A queue that must authenticate is still in its handshake
+            // until the first transaction succeeds: a host cannot hold a
+            // controller open by connecting and never proving its key.
+            let handshake = (matches!(
                 self.state,
                 QueueState::AwaitIcReq | QueueState::AwaitConnect
-            )
+            ) || self
+                .auth
+                .as_ref()
+                .is_some_and(|a| !a.authenticated && !a.ctrl.is_authenticated()))
             .then_some(self.handshake_deadline);
             let shutdown = self.target.shutdown.clone();
             let writer_gone = self.writer_gone.clone();
@@ -1035,6 +1066,24 @@ impl Connection {
             r.status(sqe.cid, status);
             return Ok(());
         }
+        let connected = matches!(self.state, QueueState::Admin(_) | QueueState::Io(..));
+        if connected && sqe.opcode == admin_opcode::FABRICS {
+            match sqe.fctype() {
+                fctype::AUTHENTICATION_SEND => return self.auth_send(&sqe, data),
+                fctype::AUTHENTICATION_RECEIVE => {
+                    self.auth_receive(&sqe);
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        // NVMe Base 2.x, "Authentication": until the queue is
+        // authenticated, every other command fails with Authentication
+        // Required (nvmet: NVME_SC_AUTH_REQUIRED, DNR).
+        if connected && self.auth.as_ref().is_some_and(|a| !a.authenticated) {
+            r.status(sqe.cid, Status::AUTHENTICATION_REQUIRED.with_dnr());
+            return Ok(());
+        }
         match &self.state {
             QueueState::AwaitIcReq => unreachable!("checked in handle_pdu"),
             QueueState::AwaitConnect => {
@@ -1092,14 +1141,19 @@ impl Connection {
     fn handle_connect(&mut self, sqe: Sqe, c: Connect, data: &[u8]) {
         debug_assert!(matches!(self.state, QueueState::AwaitConnect));
         let joined = self.check_connect(&c, data).and_then(|(cd, subsystem)| {
-            if c.qid == 0 {
+            let auth = self.auth_for(&c, &cd, subsystem.as_deref())?;
+            let state = if c.qid == 0 {
                 self.connect_admin(&c, &cd, subsystem)
             } else {
                 self.connect_io(&c, &cd)
-            }
+            }?;
+            Ok((state, auth))
         });
         match joined {
-            Ok(state) => self.accept_connect(sqe.cid, &c, state),
+            Ok((state, auth)) => {
+                self.auth = auth;
+                self.accept_connect(sqe.cid, &c, state)
+            }
             Err(ConnectRefusal::Status(status)) => self.responder.status(sqe.cid, status),
             Err(ConnectRefusal::Invalid(p)) => self.responder.complete(
                 sqe.cid,
@@ -1319,14 +1373,206 @@ impl Connection {
             .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
         sq.head.store(1 % depth, Ordering::Relaxed);
         self.state = state;
-        // The Connect's own CQE names the new queue.
+        // The Connect's own CQE names the new queue, and asks for
+        // authentication (AUTHREQ.ATR) when the host has a key: on the
+        // admin queue and on every I/O queue, as nvmet up to Linux 6.14
+        // does and as the specification allows (each queue proves the key
+        // by its own transaction).
+        let authreq = if self.auth.is_some() {
+            AuthReq::ATR
+        } else {
+            AuthReq::NONE
+        };
         self.responder.complete(
             cid,
             Status::SUCCESS,
-            connect_success_dw0(cntlid, 0),
+            connect_success_dw0(cntlid, authreq.0),
             0,
             Vec::new(),
         );
+    }
+
+    /// Whether the queue a Connect opens must authenticate: when the host
+    /// has a `[[host]]` secret (never on the discovery controller, as
+    /// nvmet); a subsystem with `require_auth` refuses a host without one.
+    fn auth_for(
+        &self,
+        c: &Connect,
+        cd: &ConnectData,
+        subsystem: Option<&Subsystem>,
+    ) -> Result<Option<QueueAuth>, ConnectRefusal> {
+        let Some(subsystem) = subsystem else {
+            return Ok(None);
+        };
+        let Some(host) = self.target.config.host(&cd.hostnqn) else {
+            if subsystem.config.require_auth {
+                limited!(
+                    self.target.log_limiter,
+                    log::Level::Warn,
+                    "auth-refused",
+                    "{}: host {} refused on {}: the subsystem requires authentication and the host has no DH-HMAC-CHAP secret ([[host]])",
+                    self.peer,
+                    cd.hostnqn,
+                    cd.subnqn
+                );
+                return Err(ConnectRefusal::Status(
+                    Status::CONNECT_INVALID_HOST.with_dnr(),
+                ));
+            }
+            return Ok(None);
+        };
+        let config = CtrlAuthConfig {
+            host_nqn: cd.hostnqn.clone(),
+            subsys_nqn: cd.subnqn.clone(),
+            host_secret: host.dhchap_secret.clone(),
+            ctrl_secret: host.dhchap_ctrl_secret.clone(),
+            hashes: host.dhchap_hashes.clone(),
+            dh_groups: host.dhchap_dhgroups.clone(),
+        };
+        match CtrlAuth::new(Arc::new(config), c.qid) {
+            Ok(ctrl) => Ok(Some(QueueAuth {
+                ctrl,
+                authenticated: false,
+                attempts: 0,
+            })),
+            Err(e) => {
+                log::error!(
+                    "{}: host {}: authentication not set up: {e}",
+                    self.peer,
+                    cd.hostnqn
+                );
+                Err(ConnectRefusal::Status(Status::INTERNAL_ERROR))
+            }
+        }
+    }
+
+    /// Authentication Send: one message from the host, in-capsule, TL
+    /// bytes long (the budget: TL <= `auth::MAX_MESSAGE_LEN`, checked
+    /// before anything is kept).
+    fn auth_send(&mut self, sqe: &Sqe, data: &[u8]) -> Result<(), End> {
+        let r = self.responder.clone();
+        let Some(auth) = self.auth.as_mut() else {
+            // nvmet without a key for the host has no transaction to run.
+            r.status(sqe.cid, Status::INVALID_FIELD.with_dnr());
+            return Ok(());
+        };
+        let cmd = match AuthenticationSend::from_sqe(sqe).and_then(|c| c.check_dhchap().map(|()| c))
+        {
+            Ok(c) => c,
+            Err(_) => {
+                r.status(sqe.cid, Status::INVALID_FIELD.with_dnr());
+                return Ok(());
+            }
+        };
+        // The message travels in the capsule (Linux always sends it so: a
+        // few hundred bytes); its length must be TL.
+        let in_capsule =
+            matches!(cmd.sgl.kind(), SglKind::InCapsule { offset: 0, length } if length == cmd.tl);
+        if !in_capsule || data.len() != cmd.tl as usize {
+            r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+            return Ok(());
+        }
+        let negotiate = data.first() == Some(&nvmf_proto::auth::message::auth_type::COMMON)
+            && data.get(1) == Some(&nvmf_proto::auth::message::auth_id::NEGOTIATE);
+        if negotiate && !auth.authenticated {
+            auth.attempts += 1;
+            if auth.attempts > MAX_AUTH_ATTEMPTS {
+                return Err(End::Fatal(format!(
+                    "more than {MAX_AUTH_ATTEMPTS} authentication attempts on one queue"
+                )));
+            }
+        }
+        let progress = auth.ctrl.on_send(data);
+        r.status(sqe.cid, Status::SUCCESS);
+        self.auth_progress(progress);
+        Ok(())
+    }
+
+    /// Authentication Receive: the controller's next message in AL bytes
+    /// (zero-padded from a static page past the message, as nvmet pads;
+    /// AL is bounded by MDTS so the padding is too).
+    fn auth_receive(&mut self, sqe: &Sqe) {
+        let r = self.responder.clone();
+        let mdts = self.target.config.limits.max_data_transfer_bytes;
+        let Some(auth) = self.auth.as_mut() else {
+            r.status(sqe.cid, Status::INVALID_FIELD.with_dnr());
+            return;
+        };
+        let cmd =
+            match AuthenticationReceive::from_sqe(sqe).and_then(|c| c.check_dhchap().map(|()| c)) {
+                Ok(c) if c.al <= mdts => c,
+                _ => {
+                    r.status(sqe.cid, Status::INVALID_FIELD.with_dnr());
+                    return;
+                }
+            };
+        if !matches!(cmd.sgl.kind(), SglKind::Transport { length } if length == cmd.al) {
+            r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+            return;
+        }
+        match auth.ctrl.on_receive(cmd.al) {
+            Ok(reply) => {
+                let zeros = cmd.al as usize - reply.data.len();
+                r.reply(sqe.cid, Status::SUCCESS, 0, 0, reply.data, zeros);
+                self.auth_progress(reply.progress);
+            }
+            // AL too small for the pending message: it stays pending.
+            Err(_) => r.status(sqe.cid, Status::INVALID_FIELD.with_dnr()),
+        }
+    }
+
+    /// Where the queue's authentication stands after a message.
+    fn auth_progress(&mut self, progress: CtrlProgress) {
+        let host = self
+            .controller()
+            .map(|c| c.host_nqn.clone())
+            .unwrap_or_default();
+        let Some(auth) = self.auth.as_mut() else {
+            return;
+        };
+        match progress {
+            CtrlProgress::InProgress | CtrlProgress::FailureQueued(_) => {}
+            CtrlProgress::Authenticated(a) => {
+                if !auth.authenticated {
+                    log::debug!(
+                        "{}: host {host} authenticated on queue {} ({}, {}{})",
+                        self.peer,
+                        auth.ctrl.qid(),
+                        a.hash,
+                        a.dh_group,
+                        if a.bidirectional {
+                            ", bidirectional"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                auth.authenticated = true;
+                self.target.note_auth_success(&host);
+            }
+            CtrlProgress::Failed(e) => {
+                auth.authenticated = false;
+                // A wrong key fails on every queue and every reconnect:
+                // warn once per host until it succeeds again (and at most
+                // at the log limiter's rate across hosts).
+                let qid = auth.ctrl.qid();
+                if self.target.note_auth_failure(&host) {
+                    limited!(
+                        self.target.log_limiter,
+                        log::Level::Warn,
+                        "auth-failed",
+                        "{}: host {host} failed DH-HMAC-CHAP authentication on queue {qid}: {e} \
+                         (further failures of this host are logged at debug level)",
+                        self.peer
+                    );
+                } else {
+                    log::debug!(
+                        "{}: host {host} failed authentication on queue {qid}: {e}",
+                        self.peer
+                    );
+                }
+            }
+        }
     }
 
     /// The class tag of this queue's requests to `ns`: `None` (round

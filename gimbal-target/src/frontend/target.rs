@@ -4,7 +4,7 @@
 //! connection. Mutable parts (the controller table, the tenant table) sit
 //! behind their own short-lived locks; nothing here is held across I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -147,6 +147,10 @@ pub struct Target {
     pub buffered: Arc<BytePool>,
     /// Rate limits for log lines a host can provoke.
     pub log_limiter: LogLimiter,
+    /// Hosts whose last authentication failed, so that a host retrying
+    /// with a wrong key is logged once, not on every queue and reconnect.
+    /// Only `[[host]]` NQNs ever authenticate, so the config bounds it.
+    auth_failed: Mutex<BTreeSet<String>>,
 }
 
 impl Target {
@@ -184,7 +188,21 @@ impl Target {
             connections_live: AtomicUsize::new(0),
             buffered,
             log_limiter: LogLimiter::default(),
+            auth_failed: Mutex::new(BTreeSet::new()),
         })
+    }
+
+    /// Records that `host` failed to authenticate; true the first time
+    /// since its last success (the failure worth a warning).
+    pub fn note_auth_failure(&self, host: &str) -> bool {
+        let mut f = self.auth_failed.lock().unwrap_or_else(|e| e.into_inner());
+        f.insert(host.to_string())
+    }
+
+    /// Records that `host` authenticated: its next failure is news again.
+    pub fn note_auth_success(&self, host: &str) {
+        let mut f = self.auth_failed.lock().unwrap_or_else(|e| e.into_inner());
+        f.remove(host);
     }
 
     /// Milliseconds since the target started (the clock for keep-alive).
