@@ -27,6 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nvmf_proto::auth::{DhchapSecret, HostAuthConfig};
 use nvmf_proto::command::{cns, log_id, GetLogPage, Identify};
 use nvmf_proto::fabrics::{
     property, Capabilities, ControllerConfiguration, ControllerStatus, Disconnect, PriorityClass,
@@ -142,6 +143,20 @@ pub struct ConnectOptions {
     /// reset; `None` leaves the controller's. Not sent when the controller
     /// runs round robin.
     pub arbitration_feature: Option<u32>,
+    /// DH-HMAC-CHAP keys, used on every queue the target asks to
+    /// authenticate, after every reconnect too.
+    pub dhchap: Option<DhchapKeys>,
+}
+
+/// A host's DH-HMAC-CHAP keys (nvme-cli's `--dhchap-secret` and
+/// `--dhchap-ctrl-secret`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DhchapKeys {
+    /// The host's secret: the host proves it knows it.
+    pub secret: DhchapSecret,
+    /// The controller's secret: when set, the target must prove it knows
+    /// it, and a target that does not ask for authentication is refused.
+    pub ctrl_secret: Option<DhchapSecret>,
 }
 
 impl ConnectOptions {
@@ -162,6 +177,7 @@ impl ConnectOptions {
             reconnect: ReconnectPolicy::default(),
             arbitration: Arbitration::RoundRobin,
             arbitration_feature: None,
+            dhchap: None,
         }
     }
 
@@ -176,6 +192,12 @@ impl ConnectOptions {
         c.data_digest = self.data_digest;
         c.connect_timeout = self.connect_timeout;
         c.command_timeout = self.command_timeout;
+        // Offers every hash and group, as the Linux host does.
+        c.auth = self.dhchap.as_ref().map(|k| {
+            let mut a = HostAuthConfig::new(&self.host.nqn, &self.subnqn, k.secret.clone());
+            a.ctrl_secret = k.ctrl_secret.clone();
+            Arc::new(a)
+        });
         c
     }
 }

@@ -170,6 +170,35 @@ pub enum Error {
     /// The controller handle was shut down.
     #[error("controller shut down")]
     Shutdown,
+    /// The target asks for in-band authentication (Connect AUTHREQ.ATR)
+    /// and no DH-HMAC-CHAP secret is configured.
+    #[error(
+        "the target requires DH-HMAC-CHAP authentication on queue {qid}; \
+         configure the host's secret (dhchap_secret, nvme-cli's --dhchap-secret)"
+    )]
+    AuthenticationRequired {
+        /// The queue the target asked on.
+        qid: u16,
+    },
+    /// DH-HMAC-CHAP failed: a wrong key on either side, or nothing both
+    /// sides accept.
+    #[error("DH-HMAC-CHAP authentication failed on queue {qid}: {source}")]
+    AuthenticationFailed {
+        /// The queue.
+        qid: u16,
+        /// What the protocol reported (never key material).
+        source: nvmf_proto::auth::AuthError,
+    },
+    /// A controller secret is configured (the target must prove its key),
+    /// but the target did not ask for authentication, so it proved nothing.
+    #[error(
+        "the target did not ask for authentication on queue {qid}, but dhchap_ctrl_secret \
+         is set: refusing a controller that does not prove its key"
+    )]
+    ControllerNotAuthenticated {
+        /// The queue.
+        qid: u16,
+    },
 }
 
 impl Error {

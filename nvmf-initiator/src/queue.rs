@@ -52,10 +52,14 @@
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nvmf_proto::auth::{HostAuth, HostAuthConfig, HostNext, HostStep};
 use nvmf_proto::command::{IoCommand, ReadWrite, WriteZeroes};
 use nvmf_proto::decoder::{DataHeader, DataHeaderDecoded, Decoded, DecoderConfig, PduDecoder};
+use nvmf_proto::fabrics::{AuthReq, AuthenticationReceive, AuthenticationSend};
 use nvmf_proto::fabrics::{Connect, ConnectData, PriorityClass, CNTLID_DYNAMIC};
 use nvmf_proto::pdu::{
     crc32c_append, pdu_type, CapsuleCmd, EncodeConfig, H2CData, IcReq, Negotiated, Pdu, Role,
@@ -106,6 +110,11 @@ pub struct QueueConfig {
     /// Largest write carried in the command capsule (from IOCCSZ; 8 KiB on
     /// the admin queue); larger writes wait for R2T.
     pub in_capsule_bytes: u32,
+    /// DH-HMAC-CHAP keys: when the target asks (Connect AUTHREQ.ATR), the
+    /// queue authenticates before it is Live; with a controller secret it
+    /// also makes the target prove its key, and refuses a target that does
+    /// not ask.
+    pub auth: Option<Arc<HostAuthConfig>>,
 }
 
 impl QueueConfig {
@@ -127,6 +136,7 @@ impl QueueConfig {
             max_transfer_bytes: 1 << 20,
             // NVMe-oF: the admin queue takes 8 KiB of in-capsule data.
             in_capsule_bytes: 8192,
+            auth: None,
         }
     }
 
@@ -285,6 +295,10 @@ pub struct QueueStats {
 enum Internal {
     Connect,
     KeepAlive,
+    /// An Authentication Send of the transaction in `Queue::auth`.
+    AuthSend,
+    /// An Authentication Receive of that transaction.
+    AuthReceive,
 }
 
 enum ReqBuf<B> {
@@ -405,7 +419,17 @@ pub struct Queue<B> {
     keep_alive: Option<KeepAlive>,
     cntlid: u16,
     stats: QueueStats,
+    /// The DH-HMAC-CHAP transaction between the Connect response and Live.
+    auth: Option<HostAuth>,
+    /// What follows the Authentication Send in flight.
+    auth_next: Option<HostNext>,
+    /// The transaction's failure, reported once its Failure2 was sent.
+    auth_failed: Option<Error>,
 }
+
+/// Transaction IDs for DH-HMAC-CHAP: distinct across the process's queues
+/// (the spec asks only that a transaction's messages share one).
+static NEXT_AUTH_TID: AtomicU16 = AtomicU16::new(1);
 
 /// A C2HData PDU between its header and the end of its data digest.
 struct RxData {
@@ -477,6 +501,9 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             out,
             events: VecDeque::new(),
             keep_alive: None,
+            auth: None,
+            auth_next: None,
+            auth_failed: None,
             cntlid: 0,
             stats: QueueStats::default(),
         }
@@ -776,8 +803,15 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                 };
                 sqe.dptr = match dir {
                     DataDirection::None => SglDescriptor::null(),
+                    // Connect and authentication messages always travel in
+                    // the capsule (targets expect them there; both are
+                    // small).
                     DataDirection::HostToController
-                        if len <= in_capsule_limit || r.internal == Some(Internal::Connect) =>
+                        if len <= in_capsule_limit
+                            || matches!(
+                                r.internal,
+                                Some(Internal::Connect | Internal::AuthSend)
+                            ) =>
                     {
                         SglDescriptor::in_capsule(0, len)
                     }
@@ -1537,14 +1571,61 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                         let refusal = ConnectRefusal::from_completion(r.status, r.dw0);
                         return Err(Error::ConnectRefused(refusal));
                     }
-                    if r.dw0 >> 16 != 0 {
-                        return Err(Error::Unsupported("in-band authentication"));
-                    }
                     self.cntlid = r.dw0 as u16;
-                    self.state = QueueState::Live;
-                    self.events.push_back(Event::Connected {
-                        cntlid: self.cntlid,
-                    });
+                    let authreq = AuthReq::from_connect_dw0(r.dw0);
+                    if authreq.secure_channel_required() {
+                        return Err(Error::Unsupported(
+                            "secure channel concatenation (Connect AUTHREQ.ASCR)",
+                        ));
+                    }
+                    let qid = self.cfg.qid;
+                    match (&self.cfg.auth, authreq.transaction_required()) {
+                        (None, true) => return Err(Error::AuthenticationRequired { qid }),
+                        (Some(cfg), false) if cfg.ctrl_secret.is_some() => {
+                            return Err(Error::ControllerNotAuthenticated { qid })
+                        }
+                        (Some(cfg), true) => {
+                            let tid = NEXT_AUTH_TID.fetch_add(1, Ordering::Relaxed);
+                            let mut auth = HostAuth::new(Arc::clone(cfg), qid, tid)
+                                .map_err(|source| Error::AuthenticationFailed { qid, source })?;
+                            let step = auth.start();
+                            self.auth = Some(auth);
+                            return self.auth_step(now, step);
+                        }
+                        _ => {}
+                    }
+                    self.go_live();
+                }
+                Some(Internal::AuthSend) => {
+                    if !r.status.is_success() {
+                        return Err(Error::CommandFailed {
+                            what: "Authentication Send",
+                            status: r.status,
+                        });
+                    }
+                    // A Failure2 was the transaction's last word: it failed.
+                    if let Some(e) = self.auth_failed.take() {
+                        return Err(e);
+                    }
+                    if let Some(next) = self.auth_next.take() {
+                        return self.auth_next_step(now, next);
+                    }
+                }
+                Some(Internal::AuthReceive) => {
+                    if !r.status.is_success() {
+                        return Err(Error::CommandFailed {
+                            what: "Authentication Receive",
+                            status: r.status,
+                        });
+                    }
+                    let ReqBuf::Internal(data) = r.buf else {
+                        unreachable!("an Authentication Receive has its own buffer")
+                    };
+                    let Some(auth) = self.auth.as_mut() else {
+                        unreachable!("a Receive belongs to a transaction")
+                    };
+                    let step = auth.receive(&data);
+                    return self.auth_step(now, step);
                 }
                 Some(Internal::KeepAlive) => {
                     if let Some(k) = self.keep_alive.as_mut() {
@@ -1572,6 +1653,93 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         }
         self.issue(now);
         Ok(())
+    }
+
+    /// The queue is connected (and authenticated, if asked): commands flow.
+    fn go_live(&mut self) {
+        self.auth = None;
+        self.state = QueueState::Live;
+        self.events.push_back(Event::Connected {
+            cntlid: self.cntlid,
+        });
+    }
+
+    /// Carries out one step of the DH-HMAC-CHAP transaction: its message
+    /// in an Authentication Send, and once that completed, what comes
+    /// next (a Receive, Live, or the failure).
+    fn auth_step(&mut self, now: Instant, step: HostStep) -> Result<(), Error> {
+        let Some(msg) = step.send else {
+            return self.auth_next_step(now, step.next);
+        };
+        match step.next {
+            HostNext::Failed(source) => {
+                self.auth_failed = Some(Error::AuthenticationFailed {
+                    qid: self.cfg.qid,
+                    source,
+                });
+            }
+            next => self.auth_next = Some(next),
+        }
+        let sqe = AuthenticationSend::dhchap(msg.len() as u32).to_sqe(0);
+        self.issue_internal(now, Internal::AuthSend, sqe, msg);
+        Ok(())
+    }
+
+    fn auth_next_step(&mut self, now: Instant, next: HostNext) -> Result<(), Error> {
+        match next {
+            HostNext::Receive { al } => {
+                // `al` is the protocol crate's fixed 4096, not the peer's.
+                let sqe = AuthenticationReceive::dhchap(al).to_sqe(0);
+                self.issue_internal(now, Internal::AuthReceive, sqe, vec![0; al as usize]);
+                Ok(())
+            }
+            HostNext::Done(done) => {
+                log::debug!(
+                    "queue {}: authenticated ({}, {}{})",
+                    self.cfg.qid,
+                    done.hash,
+                    done.dh_group,
+                    if done.bidirectional {
+                        ", controller authenticated too"
+                    } else {
+                        ""
+                    }
+                );
+                self.go_live();
+                Ok(())
+            }
+            HostNext::Failed(source) => Err(Error::AuthenticationFailed {
+                qid: self.cfg.qid,
+                source,
+            }),
+        }
+    }
+
+    /// Issues one internal command carrying `data` (to send, or the buffer
+    /// to receive into) ahead of any user request, which keeps waiting
+    /// until the queue is Live.
+    fn issue_internal(&mut self, now: Instant, what: Internal, sqe: Sqe, data: Vec<u8>) {
+        let id = self.alloc_req(ReqState {
+            user_data: 0,
+            command: Command::Raw(sqe),
+            total_len: data.len() as u32,
+            buf: ReqBuf::Internal(data),
+            internal: Some(what),
+            seq: 0,
+            next_offset: 0,
+            pieces_out: 0,
+            all_issued: false,
+            status: Status::SUCCESS,
+            dw0: 0,
+            dw1: 0,
+        });
+        let state = self.state;
+        self.state = QueueState::Live;
+        self.waiting.push_front(id);
+        let rest: VecDeque<usize> = self.waiting.drain(1..).collect();
+        self.issue(now);
+        self.waiting = rest;
+        self.state = state;
     }
 
     fn send_connect(&mut self, now: Instant) {

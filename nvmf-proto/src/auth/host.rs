@@ -14,7 +14,7 @@ use crate::auth::{
 };
 
 /// What a host needs to authenticate to one subsystem.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostAuthConfig {
     /// Host NQN (as in the Connect data).
     pub host_nqn: String,
