@@ -1384,9 +1384,13 @@ pub fn discover(
     addr: SocketAddr,
     host: &HostIdentity,
     timeout: Duration,
+    dhchap: Option<&DhchapKeys>,
 ) -> Result<Vec<DiscoveryLogEntry>> {
     let mut opts = ConnectOptions::new(addr, DISCOVERY_NQN);
     opts.host = host.clone();
+    // A discovery controller may ask for authentication too (nvmet does
+    // for a host with a key); the keys are the host's, as with nvme-cli.
+    opts.dhchap = dhchap.cloned();
     opts.kato = Duration::ZERO;
     opts.connect_timeout = timeout;
     opts.command_timeout = timeout;

@@ -18,12 +18,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use nvmf_proto::auth::{CtrlAuth, CtrlAuthConfig, DhchapSecret};
 use nvmf_proto::command::{cns, log_id, AdminCommand, IoCommand};
 use nvmf_proto::cqe::Cqe;
 use nvmf_proto::decoder::{DecoderConfig, PduReader};
 use nvmf_proto::fabrics::{
-    property, Capabilities, ConnectData, ConnectInvalidParameter, ControllerConfiguration,
-    ControllerStatus, FabricsCommand, Version, DISCOVERY_NQN,
+    connect_success_dw0, fctype, property, AuthReq, AuthenticationReceive, AuthenticationSend,
+    Capabilities, ConnectData, ConnectInvalidParameter, ControllerConfiguration, ControllerStatus,
+    FabricsCommand, Version, DISCOVERY_NQN,
 };
 use nvmf_proto::features::{feature_id, NumberOfQueues};
 use nvmf_proto::identify::{ActiveNamespaceList, IdentifyController, IdentifyNamespace, LbaFormat};
@@ -105,6 +107,10 @@ pub struct FakeConfig {
     pub round_robin_only: bool,
     /// The injected fault.
     pub fault: Option<(Fault, Trigger)>,
+    /// DH-HMAC-CHAP: the host's secret and, optionally, the controller's.
+    /// When set, every queue of the NVM subsystem must authenticate
+    /// (Connect ATR), as nvmet does for a host with a key.
+    pub dhchap: Option<(DhchapSecret, Option<DhchapSecret>)>,
 }
 
 impl Default for FakeConfig {
@@ -125,6 +131,7 @@ impl Default for FakeConfig {
             max_queue_depth: 64,
             round_robin_only: false,
             fault: None,
+            dhchap: None,
         }
     }
 }
@@ -207,6 +214,7 @@ impl FakeTarget {
             data_digest: false,
             header_digest: false,
             next_ttag: 1,
+            auth: None,
         }
     }
 
@@ -328,6 +336,8 @@ pub struct FakeConnection {
     header_digest: bool,
     data_digest: bool,
     next_ttag: u16,
+    /// The queue's authentication, until it succeeds.
+    auth: Option<CtrlAuth>,
 }
 
 impl FakeConnection {
@@ -406,6 +416,16 @@ impl FakeConnection {
             Pdu::CapsuleCmd(c) => {
                 let sqe = c.sqe;
                 let data = c.data.into_owned();
+                if self.qid.is_some() && sqe.is_fabrics() {
+                    match sqe.fctype() {
+                        fctype::AUTHENTICATION_SEND => return self.auth_send(sqe, &data),
+                        fctype::AUTHENTICATION_RECEIVE => return self.auth_receive(sqe),
+                        _ => {}
+                    }
+                }
+                if self.auth.as_ref().is_some_and(|a| !a.is_authenticated()) {
+                    return self.respond(Cqe::new(sqe.cid, Status::AUTHENTICATION_REQUIRED));
+                }
                 match self.qid {
                     None => self.connect(sqe, &data),
                     Some(0) => self.admin(sqe),
@@ -457,7 +477,47 @@ impl FakeConnection {
         drop(s);
         self.qid = Some(c.qid);
         self.cntlid = cntlid;
-        self.respond(Cqe::success(sqe.cid).with_dw0(u32::from(cntlid)));
+        let mut authreq = AuthReq::NONE;
+        if let (Some((host, ctrl)), false) = (&cfg.dhchap, cd.subnqn == DISCOVERY_NQN) {
+            let mut a = CtrlAuthConfig::new(&cd.hostnqn, &cd.subnqn, host.clone());
+            a.ctrl_secret = ctrl.clone();
+            self.auth = CtrlAuth::new(Arc::new(a), c.qid).ok();
+            authreq = AuthReq::ATR;
+        }
+        self.respond(Cqe::success(sqe.cid).with_dw0(connect_success_dw0(cntlid, authreq.0)));
+    }
+
+    /// Authentication Send: the message in the capsule.
+    fn auth_send(&mut self, sqe: Sqe, data: &[u8]) {
+        let ok = AuthenticationSend::from_sqe(&sqe)
+            .and_then(|c| c.check_dhchap().map(|()| c))
+            .is_ok_and(|c| c.tl as usize == data.len());
+        match self.auth.as_mut() {
+            Some(a) if ok => {
+                let _ = a.on_send(data);
+                self.respond(Cqe::success(sqe.cid));
+            }
+            _ => self.respond(Cqe::new(sqe.cid, Status::INVALID_FIELD)),
+        }
+    }
+
+    /// Authentication Receive: the pending message, padded to AL.
+    fn auth_receive(&mut self, sqe: Sqe) {
+        let al = AuthenticationReceive::from_sqe(&sqe)
+            .and_then(|c| c.check_dhchap().map(|()| c.al))
+            .ok()
+            .filter(|&al| al <= 1 << 16);
+        let reply = match (self.auth.as_mut(), al) {
+            (Some(a), Some(al)) => a.on_receive(al).ok().map(|r| (r.data, al)),
+            _ => None,
+        };
+        match reply {
+            Some((data, al)) => {
+                self.send_data(sqe.cid, &data, al as usize);
+                self.respond(Cqe::success(sqe.cid));
+            }
+            None => self.respond(Cqe::new(sqe.cid, Status::INVALID_FIELD)),
+        }
     }
 
     /// Admin data: C2HData PDUs only, the caller sends the completion.

@@ -77,7 +77,13 @@ fn connect_identify_write_read_flush_disconnect() {
 #[test]
 fn discovery_lists_the_subsystem() {
     let (t, s) = start(FakeConfig::default());
-    let entries = discover(s.addr(), &HostIdentity::random(), Duration::from_secs(5)).unwrap();
+    let entries = discover(
+        s.addr(),
+        &HostIdentity::random(),
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].subnqn, t.config().subnqn);
 }

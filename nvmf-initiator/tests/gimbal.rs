@@ -63,6 +63,7 @@ fn discover_identify_and_verified_io_with_and_without_digests() {
         t.local_addrs()[0],
         &HostIdentity::random(),
         Duration::from_secs(5),
+        None,
     )
     .expect("discovery");
     assert!(entries.iter().any(|e| e.subnqn == NQN), "{entries:?}");

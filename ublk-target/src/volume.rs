@@ -444,6 +444,7 @@ fn connect_replica(
         .map_err(|e| Error::Usage(format!("{}: {e}", spec.address)))?;
     let mut opts = ConnectOptions::new(addr, &spec.subnqn);
     opts.host = host.clone();
+    opts.dhchap = config.dhchap.clone();
     let pc = priority.config;
     let mut classes = pc.classes_in_use(priority.side_channel());
     // One queue per class per ublk queue, and one for the blocking API

@@ -248,3 +248,79 @@ fn clear_errors() {
         "--rw 'sideways'",
     );
 }
+
+// Keys from nvme-cli 2.3's `nvme gen-dhchap-key` (nvmf-proto's
+// tests/proto/auth_secret.rs).
+const HOST_KEY: &str = "DHHC-1:01:0GUMxintlD+1ntU08h7zQX+9eM5PTH0Hf6y+psRsmsIZCqCa:";
+const CTRL_KEY: &str = "DHHC-1:01:5NmdC6ei6ufThKzxcNLrVwG7B51dcFJp4loC4hNpFH00R4sa:";
+
+#[test]
+fn dhchap_options_with_nvme_cli_names() {
+    use nvmf_proto::auth::DhchapSecret;
+    let t = FakeTarget::new(FakeConfig {
+        dhchap: Some((
+            DhchapSecret::parse(HOST_KEY).unwrap(),
+            Some(DhchapSecret::parse(CTRL_KEY).unwrap()),
+        )),
+        ..FakeConfig::default()
+    });
+    let s = t.serve();
+    let port = s.addr().port().to_string();
+    let nqn = t.config().subnqn.clone();
+    let base = [
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port,
+        "-n",
+        &nqn,
+        "--hostnqn",
+        HOST,
+    ];
+    let run = |cmd: &str, extra: &[&str]| {
+        let mut args = vec![cmd];
+        args.extend_from_slice(&base);
+        args.extend_from_slice(extra);
+        ublk_nvmf(&args)
+    };
+    // Both keys: the host proves its key, the target proves its own.
+    let o = run(
+        "identify",
+        &[
+            "--dhchap-secret",
+            HOST_KEY,
+            "--dhchap-ctrl-secret",
+            CTRL_KEY,
+        ],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("nn "), "{out}");
+    let o = run(
+        "bench",
+        &[
+            "-S",
+            HOST_KEY,
+            "--runtime",
+            "1",
+            "--rw",
+            "randrw",
+            "--verify",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o).1);
+    // No key, a wrong key, a bad key: one line each, never the key.
+    one_line_error(
+        &run("identify", &[]),
+        "requires DH-HMAC-CHAP authentication",
+    );
+    let o = run("identify", &["--dhchap-secret", CTRL_KEY]);
+    one_line_error(&o, "DH-HMAC-CHAP authentication failed on queue 0");
+    assert!(!text(&o).1.contains("5NmdC6ei"), "{}", text(&o).1);
+    let o = run("identify", &["--dhchap-secret", "DHHC-1:01:AAAA:"]);
+    one_line_error(&o, "--dhchap-secret: DH-HMAC-CHAP secret");
+    one_line_error(
+        &run("identify", &["--dhchap-ctrl-secret", CTRL_KEY]),
+        "--dhchap-ctrl-secret needs --dhchap-secret",
+    );
+}

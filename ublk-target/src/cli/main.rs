@@ -9,8 +9,9 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Parser, Subcommand};
 use config_diag::parse_size;
-use nvmf_initiator::blocking::{discover, ConnectOptions, Controller, HostIdentity};
+use nvmf_initiator::blocking::{discover, ConnectOptions, Controller, DhchapKeys, HostIdentity};
 use nvmf_initiator::ReconnectPolicy;
+use nvmf_proto::auth::DhchapSecret;
 use ublk_target::bench::{self, BenchOptions, Pattern};
 
 #[derive(Parser)]
@@ -102,6 +103,14 @@ struct TargetArgs {
     /// Host NQN (default: /etc/nvme/hostnqn, else a random one).
     #[arg(long)]
     hostnqn: Option<String>,
+    /// DH-HMAC-CHAP secret of this host (`DHHC-1:xx:...:`, as
+    /// `nvme gen-dhchap-key` prints it; nvme-cli's option).
+    #[arg(short = 'S', long = "dhchap-secret", value_name = "SECRET")]
+    dhchap_secret: Option<String>,
+    /// DH-HMAC-CHAP secret the controller must prove it knows
+    /// (bidirectional authentication; nvme-cli's option).
+    #[arg(short = 'C', long = "dhchap-ctrl-secret", value_name = "SECRET")]
+    dhchap_ctrl_secret: Option<String>,
     /// Bound on connecting, in seconds.
     #[arg(long, default_value_t = 10)]
     connect_timeout: u64,
@@ -196,10 +205,28 @@ fn host(t: &TargetArgs) -> HostIdentity {
     h
 }
 
+/// The `--dhchap-secret` / `--dhchap-ctrl-secret` keys (errors never quote
+/// them).
+fn dhchap(t: &TargetArgs) -> anyhow::Result<Option<DhchapKeys>> {
+    let parse = |s: &str, opt: &str| DhchapSecret::parse(s).map_err(|e| anyhow!("--{opt}: {e}"));
+    match (&t.dhchap_secret, &t.dhchap_ctrl_secret) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => bail!("--dhchap-ctrl-secret needs --dhchap-secret too"),
+        (Some(s), c) => Ok(Some(DhchapKeys {
+            secret: parse(s, "dhchap-secret")?,
+            ctrl_secret: c
+                .as_deref()
+                .map(|c| parse(c, "dhchap-ctrl-secret"))
+                .transpose()?,
+        })),
+    }
+}
+
 fn connect(s: &SubsystemArgs, io_queues: u16) -> anyhow::Result<Controller> {
     let addr = resolve(&s.target)?;
     let mut o = ConnectOptions::new(addr, &s.nqn);
     o.host = host(&s.target);
+    o.dhchap = dhchap(&s.target)?;
     o.header_digest = s.hdgst;
     o.data_digest = s.ddgst;
     o.kato = Duration::from_secs(s.kato);
@@ -217,8 +244,14 @@ fn connect(s: &SubsystemArgs, io_queues: u16) -> anyhow::Result<Controller> {
 
 fn cmd_discover(t: &TargetArgs) -> anyhow::Result<()> {
     let addr = resolve(t)?;
-    let entries = discover(addr, &host(t), Duration::from_secs(t.connect_timeout))
-        .with_context(|| format!("discovery at {addr}"))?;
+    let keys = dhchap(t)?;
+    let entries = discover(
+        addr,
+        &host(t),
+        Duration::from_secs(t.connect_timeout),
+        keys.as_ref(),
+    )
+    .with_context(|| format!("discovery at {addr}"))?;
     println!("Discovery Log Number of Records {}", entries.len());
     for (i, e) in entries.iter().enumerate() {
         println!("=====Discovery Log Entry {i}======");

@@ -10,6 +10,8 @@
 //! [host]                  # optional: generated and persisted once if absent
 //! nqn = "nqn.2014-08.org.nvmexpress:uuid:..."
 //! id = "0f1e..."
+//! dhchap_secret = "DHHC-1:01:...:"        # DH-HMAC-CHAP (nvme-cli --dhchap-secret),
+//! dhchap_ctrl_secret = "DHHC-1:01:...:"   # --dhchap-ctrl-secret; or *_file = "PATH"
 //! [io]
 //! queues = 2
 //! queue_depth = 64
@@ -56,8 +58,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use config_diag::{ConfigError, Ctx};
-use nvmf_initiator::blocking::HostIdentity;
+use nvmf_initiator::blocking::{DhchapKeys, HostIdentity};
 use nvmf_initiator::ReconnectPolicy;
+use nvmf_proto::auth::DhchapSecret;
 use nvmf_proto::uuid::{format_uuid, parse_uuid};
 use serde::Deserialize;
 use toml::Spanned;
@@ -87,6 +90,10 @@ pub struct VolumeConfig {
     pub replication: ReplicationConfig,
     /// Host identity from the file, if given.
     pub host: Option<HostIdentity>,
+    /// DH-HMAC-CHAP keys (`[host] dhchap_secret`, `dhchap_ctrl_secret`, or
+    /// their `*_file` forms), used with every replica on every queue the
+    /// target asks to authenticate.
+    pub dhchap: Option<DhchapKeys>,
     /// ublk queues, each with its own thread and NVMe/TCP I/O queue.
     pub queues: u16,
     /// Requests in flight per queue.
@@ -308,8 +315,12 @@ fn default_nsid() -> Spanned<u32> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHost {
-    nqn: Spanned<String>,
+    nqn: Option<Spanned<String>>,
     id: Option<Spanned<String>>,
+    dhchap_secret: Option<Spanned<String>>,
+    dhchap_ctrl_secret: Option<Spanned<String>>,
+    dhchap_secret_file: Option<Spanned<String>>,
+    dhchap_ctrl_secret_file: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -345,11 +356,22 @@ impl VolumeConfig {
         self.replicas.len() > 1
     }
 
-    /// Read and check `path`.
+    /// Read and check `path`. A file that holds a DH-HMAC-CHAP secret
+    /// itself (not in a `*_file`) is refused when every user may read it.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::whole_file(path, format!("cannot read: {e}")))?;
-        Self::parse(path, &text)
+        let config = Self::parse(path, &text)?;
+        let raw: Raw =
+            toml::from_str(&text).map_err(|e| ConfigError::from_toml(path, &text, &e))?;
+        if raw
+            .host
+            .as_ref()
+            .is_some_and(|h| h.dhchap_secret.is_some() || h.dhchap_ctrl_secret.is_some())
+        {
+            config_diag::refuse_world_readable(path, "holds DH-HMAC-CHAP secrets ([host])")?;
+        }
+        Ok(config)
     }
 
     /// Parse and check `source` (read from `path`, for messages).
@@ -368,33 +390,11 @@ impl VolumeConfig {
         let replication = parse_replication(&cx, &raw)?;
         let host = match &raw.host {
             None => None,
-            Some(h) => {
-                if !h.nqn.get_ref().starts_with("nqn.") {
-                    return Err(cx.err(&h.nqn, "host.nqn", "an NQN starts with `nqn.`"));
-                }
-                let id = match &h.id {
-                    Some(s) => parse_uuid(s.get_ref()).ok_or_else(|| {
-                        cx.err(s, "host.id", "a host ID is a UUID (32 hex digits)")
-                    })?,
-                    None => h
-                        .nqn
-                        .get_ref()
-                        .rsplit(':')
-                        .next()
-                        .and_then(parse_uuid)
-                        .ok_or_else(|| {
-                            cx.err(
-                                &h.nqn,
-                                "host.id",
-                                "give `id` (a UUID) unless the NQN ends in one",
-                            )
-                        })?,
-                };
-                Some(HostIdentity {
-                    nqn: h.nqn.get_ref().clone(),
-                    id,
-                })
-            }
+            Some(h) => parse_host_identity(&cx, h)?,
+        };
+        let dhchap = match &raw.host {
+            None => None,
+            Some(h) => parse_dhchap(&cx, h)?,
         };
         let queues = cx.int(&raw.io.queues, "io.queues", 1, 1..=64)? as u16;
         let queue_depth = cx.int(&raw.io.queue_depth, "io.queue_depth", 64, 2..=1024)? as u16;
@@ -431,6 +431,7 @@ impl VolumeConfig {
             replicas,
             replication,
             host,
+            dhchap,
             queues,
             queue_depth,
             io_timeout: Duration::from_secs(io_timeout),
@@ -444,6 +445,108 @@ impl VolumeConfig {
             qos,
             priority,
         })
+    }
+}
+
+/// `[host] nqn` and `id`: `None` when the table gives only secrets (the
+/// persisted identity is used then).
+fn parse_host_identity(cx: &Ctx, h: &RawHost) -> Result<Option<HostIdentity>, ConfigError> {
+    let Some(nqn) = &h.nqn else {
+        if let Some(id) = &h.id {
+            return Err(cx.err(id, "host.id", "give `nqn` with `id`"));
+        }
+        return Ok(None);
+    };
+    if !nqn.get_ref().starts_with("nqn.") {
+        return Err(cx.err(nqn, "host.nqn", "an NQN starts with `nqn.`"));
+    }
+    let id = match &h.id {
+        Some(s) => parse_uuid(s.get_ref())
+            .ok_or_else(|| cx.err(s, "host.id", "a host ID is a UUID (32 hex digits)"))?,
+        None => nqn
+            .get_ref()
+            .rsplit(':')
+            .next()
+            .and_then(parse_uuid)
+            .ok_or_else(|| {
+                cx.err(
+                    nqn,
+                    "host.id",
+                    "give `id` (a UUID) unless the NQN ends in one",
+                )
+            })?,
+    };
+    Ok(Some(HostIdentity {
+        nqn: nqn.get_ref().clone(),
+        id,
+    }))
+}
+
+/// `[host]`'s DH-HMAC-CHAP keys: each given inline or as a file (one of
+/// the two); a file is refused when every user may read it; a controller
+/// key needs a host key and must differ from it. Errors never quote a
+/// key.
+fn parse_dhchap(cx: &Ctx, h: &RawHost) -> Result<Option<DhchapKeys>, ConfigError> {
+    let secret = |inline: &Option<Spanned<String>>,
+                  file: &Option<Spanned<String>>,
+                  field: &str|
+     -> Result<Option<DhchapSecret>, ConfigError> {
+        match (inline, file) {
+            (Some(_), Some(f)) => Err(cx.err(
+                f,
+                &format!("host.{field}_file"),
+                format!("give {field} or {field}_file, not both"),
+            )),
+            (Some(v), None) => DhchapSecret::parse(v.get_ref())
+                .map(Some)
+                .map_err(|e| cx.err(v, &format!("host.{field}"), e.to_string())),
+            (None, Some(f)) => {
+                let field = format!("host.{field}_file");
+                // Relative to the volume file, so a volume directory can
+                // carry its keys.
+                let path = cx.file.parent().unwrap_or(Path::new(".")).join(f.get_ref());
+                config_diag::refuse_world_readable(&path, "holds a DH-HMAC-CHAP secret")
+                    .map_err(|e| cx.err(f, &field, e.to_string()))?;
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    cx.err(f, &field, format!("cannot read {}: {e}", path.display()))
+                })?;
+                DhchapSecret::parse(&text)
+                    .map(Some)
+                    .map_err(|e| cx.err(f, &field, format!("{}: {e}", path.display())))
+            }
+            (None, None) => Ok(None),
+        }
+    };
+    let host = secret(&h.dhchap_secret, &h.dhchap_secret_file, "dhchap_secret")?;
+    let ctrl = secret(
+        &h.dhchap_ctrl_secret,
+        &h.dhchap_ctrl_secret_file,
+        "dhchap_ctrl_secret",
+    )?;
+    let ctrl_span = h
+        .dhchap_ctrl_secret
+        .as_ref()
+        .or(h.dhchap_ctrl_secret_file.as_ref());
+    match (host, ctrl) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(cx.err(
+            ctrl_span.expect("a controller secret was given"),
+            "host.dhchap_ctrl_secret",
+            "needs dhchap_secret too (the host authenticates first)",
+        )),
+        (Some(secret), ctrl) => {
+            if ctrl.as_ref() == Some(&secret) {
+                return Err(cx.err(
+                    ctrl_span.expect("a controller secret was given"),
+                    "host.dhchap_ctrl_secret",
+                    "is the same key as dhchap_secret; use a key of its own",
+                ));
+            }
+            Ok(Some(DhchapKeys {
+                secret,
+                ctrl_secret: ctrl,
+            }))
+        }
     }
 }
 
@@ -1146,6 +1249,109 @@ nsid = 2
         let e = parse(&format!("{GOOD}[replication]\nresync_rate = \"1m\"\n")).unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (9, "replication"), "{e}");
         assert!(e.message.contains("[[replica]]"), "{e}");
+    }
+
+    // Keys from nvme-cli 2.3's `nvme gen-dhchap-key` (nvmf-proto's
+    // tests/proto/auth_secret.rs).
+    const KEY_A: &str = "DHHC-1:01:0GUMxintlD+1ntU08h7zQX+9eM5PTH0Hf6y+psRsmsIZCqCa:";
+    const KEY_B: &str = "DHHC-1:01:5NmdC6ei6ufThKzxcNLrVwG7B51dcFJp4loC4hNpFH00R4sa:";
+
+    #[test]
+    fn dhchap_keys_inline_or_from_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let c = parse(&format!(
+            "{GOOD}[host]\ndhchap_secret = \"{KEY_A}\"\ndhchap_ctrl_secret = \"{KEY_B}\"\n"
+        ))
+        .unwrap();
+        // Secrets alone keep the persisted identity.
+        assert_eq!(c.host, None);
+        let k = c.dhchap.unwrap();
+        assert_eq!(k.secret, DhchapSecret::parse(KEY_A).unwrap());
+        assert_eq!(k.ctrl_secret, Some(DhchapSecret::parse(KEY_B).unwrap()));
+        assert!(!format!("{k:?}").contains("0GUMx"));
+        // From files, relative to the volume file.
+        let dir = std::env::temp_dir().join(format!("ublk-dhchap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("host.key"), format!("{KEY_A}\n")).unwrap();
+        std::fs::set_permissions(dir.join("host.key"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        let vol = dir.join("vol0.toml");
+        let text = format!("{GOOD}[host]\ndhchap_secret_file = \"host.key\"\n");
+        std::fs::write(&vol, &text).unwrap();
+        std::fs::set_permissions(&vol, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // A world-readable volume file is fine when the key is elsewhere.
+        let c = VolumeConfig::load(&vol).unwrap();
+        assert_eq!(
+            c.dhchap.unwrap().secret,
+            DhchapSecret::parse(KEY_A).unwrap()
+        );
+        // A world-readable key file is not.
+        std::fs::set_permissions(dir.join("host.key"), std::fs::Permissions::from_mode(0o644))
+            .unwrap();
+        let e = VolumeConfig::load(&vol).unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (9, "host.dhchap_secret_file"),
+            "{e}"
+        );
+        assert!(
+            e.message.contains("readable by every user (mode 0644)"),
+            "{e}"
+        );
+        // Nor a world-readable volume file with the key inline.
+        std::fs::write(&vol, format!("{GOOD}[host]\ndhchap_secret = \"{KEY_A}\"\n")).unwrap();
+        let e = VolumeConfig::load(&vol).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("holds DH-HMAC-CHAP secrets ([host]) but is readable"),
+            "{e}"
+        );
+        std::fs::set_permissions(&vol, std::fs::Permissions::from_mode(0o600)).unwrap();
+        VolumeConfig::load(&vol).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_dhchap_keys_name_the_field_and_never_quote_a_key() {
+        let bad = "DHHC-1:01:0GUMxintlD+1ntU08h7zQX+9eM5PTH0Hf6y+psRsmsIZCqCb:";
+        let cases = [
+            (
+                format!("dhchap_secret = \"{bad}\""),
+                "host.dhchap_secret",
+                "CRC",
+            ),
+            (
+                format!("dhchap_ctrl_secret = \"{KEY_B}\""),
+                "host.dhchap_ctrl_secret",
+                "needs dhchap_secret too",
+            ),
+            (
+                format!("dhchap_secret = \"{KEY_A}\"\ndhchap_ctrl_secret = \"{KEY_A}\""),
+                "host.dhchap_ctrl_secret",
+                "same key",
+            ),
+            (
+                format!("dhchap_secret = \"{KEY_A}\"\ndhchap_secret_file = \"k\""),
+                "host.dhchap_secret_file",
+                "not both",
+            ),
+            (
+                "dhchap_secret_file = \"/nonexistent/k\"".to_string(),
+                "host.dhchap_secret_file",
+                "cannot inspect",
+            ),
+            (
+                "id = \"00000000000000000000000000000001\"".to_string(),
+                "host.id",
+                "give `nqn` with `id`",
+            ),
+        ];
+        for (host, field, needle) in cases {
+            let e = parse(&format!("{GOOD}[host]\n{host}\n")).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.message.contains(needle), "{e}");
+            assert!(!e.to_string().contains("0GUMx"), "{e}");
+        }
     }
 
     #[test]
