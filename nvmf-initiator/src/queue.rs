@@ -1717,7 +1717,8 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
 
     /// Issues one internal command carrying `data` (to send, or the buffer
     /// to receive into) ahead of any user request, which keeps waiting
-    /// until the queue is Live.
+    /// until the queue is Live (the state is kept: `issue` sends only on a
+    /// Live queue, so it is Live just for this command).
     fn issue_internal(&mut self, now: Instant, what: Internal, sqe: Sqe, data: Vec<u8>) {
         let id = self.alloc_req(ReqState {
             user_data: 0,
@@ -1767,27 +1768,9 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                 return;
             }
         };
-        let id = self.alloc_req(ReqState {
-            user_data: 0,
-            command: Command::Raw(connect.to_sqe(0)),
-            total_len: data.len() as u32,
-            buf: ReqBuf::Internal(data),
-            internal: Some(Internal::Connect),
-            seq: 0,
-            next_offset: 0,
-            pieces_out: 0,
-            all_issued: false,
-            status: Status::SUCCESS,
-            dw0: 0,
-            dw1: 0,
-        });
-        self.state = QueueState::Live;
-        self.waiting.push_front(id);
         // Issue just the Connect: user requests wait for its answer.
-        let rest: VecDeque<usize> = self.waiting.drain(1..).collect();
-        self.issue(now);
-        self.waiting = rest;
         self.state = QueueState::AwaitConnect;
+        self.issue_internal(now, Internal::Connect, connect.to_sqe(0), data);
     }
 
     fn clear_slots(&mut self) {

@@ -119,6 +119,15 @@ check "disconnect" nvme disconnect -n "$NQN"
 
 # ---- ublk-nvmf against gimbal-target, through a target restart -----------
 
+# fio_across_start NAME: verified writes on /dev/ublkb0 in the background
+# (daemon NAME), to run across an outage; fio_done NAME once it ended.
+fio_across_start() {
+    start_daemon "$1" fio --name=across --filename=/dev/ublkb0 --ioengine=libaio --direct=1 \
+        --rw=randwrite --bs=16k --iodepth=16 --size=16M --verify=crc32c --verify_fatal=1 \
+        --do_verify=1 --randrepeat=0 --loops=4
+}
+fio_done() { ! daemon_alive "$1"; }
+
 # volume_config FILE NAME PORT NQN SECRET [CTRL_SECRET]
 volume_config() {
     ublk_volume_config "$1" "$2" 127.0.0.1 "$3" "$4" 1 2
@@ -135,13 +144,10 @@ volume_config() {
 volume_config /tmp/ga.toml gauth 4420 "$NQN" "$HKEY" "$CKEY"
 check_output "ublk-nvmf volume with both keys on gimbal-target" "^/dev/ublkb0$" ublk-nvmf add --config /tmp/ga.toml
 fio_verify "ublk over gimbal-target: verify" /dev/ublkb0 randrw 4k 32 16M --bsrange=4k-256k
-start_daemon fio-restart fio --name=across --filename=/dev/ublkb0 --ioengine=libaio --direct=1 \
-    --rw=randwrite --bs=16k --iodepth=16 --size=16M --verify=crc32c --verify_fatal=1 \
-    --do_verify=1 --randrepeat=0 --loops=4
+fio_across_start fio-restart
 sleep 2
 check "restart gimbal-target under the volume (a new controller)" stop_daemon gimbal
 gimbal_start "$CONF" || exit 1
-fio_done() { ! daemon_alive "$1"; }
 wait_for "fio across the restart finishes" 120 fio_done fio-restart
 check_output "fio across the restart: no error" "err= 0" cat "$LOGDIR/daemon-fio-restart.log"
 check_output "the volume reconnected (status shows a reset)" '"controller_resets":[1-9]' ublk-nvmf status gauth --json
@@ -166,9 +172,7 @@ check "nvmet: subsystem with dhchap_key, dhchap_ctrl_key, hmac(sha384), ffdhe204
 volume_config /tmp/ka.toml kauth 4421 "$KNQN" "$HKEY" "$CKEY"
 check_output "ublk-nvmf volume on nvmet with both keys" "^/dev/ublkb0$" ublk-nvmf add --config /tmp/ka.toml
 fio_verify "ublk over nvmet (authenticated): verify" /dev/ublkb0 randrw 4k 32 16M --bsrange=4k-256k
-start_daemon fio-unlink fio --name=across --filename=/dev/ublkb0 --ioengine=libaio --direct=1 \
-    --rw=randwrite --bs=16k --iodepth=16 --size=16M --verify=crc32c --verify_fatal=1 \
-    --do_verify=1 --randrepeat=0 --loops=4
+fio_across_start fio-unlink
 sleep 2
 check "nvmet drops the connections (unlink the subsystem)" nvmet_unlink 1 "$KNQN"
 sleep 2
