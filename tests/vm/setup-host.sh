@@ -14,10 +14,11 @@ set -euo pipefail
 #   iperf3                    loopback network baseline for benchmarks
 #   systemd                   `systemd-analyze verify` of the shipped units
 #   libbpf-dev bpftool        building and inspecting the ionice side channel (BPF)
+#   man-db                    `man --warnings -l` on the generated man pages
 PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
-    libbpf-dev bpftool
+    libbpf-dev bpftool man-db
 )
 
 missing=()
