@@ -123,6 +123,11 @@ const MAN: cli_docs::ManInfo = cli_docs::ManInfo {
                      An annotated example is /usr/share/doc/ublk-nvmf/examples/volume.toml.",
                 ),
                 (
+                    "/lib/systemd/system/ublk-nvmf@.service",
+                    "The unit that serves volume NAME as ublk-nvmf@NAME.service: active once the \
+                     device is live, restarted (recovering the same device) if the server dies.",
+                ),
+                (
                     "/run/ublk-nvmf/",
                     "NAME.json, the saved state of a live device (a restarted server recovers the \
                      same /dev/ublkbN from it), and NAME.sock, the running server's control socket \
@@ -155,8 +160,7 @@ const MAN: cli_docs::ManInfo = cli_docs::ManInfo {
             title: "SEE ALSO",
             entries: &[(
                 "",
-                "gimbal-target(8), systemctl(1), ionice(1); \
-                 /usr/share/doc/ublk-nvmf/README.md.",
+                "gimbal-target(8), systemctl(1), ionice(1), udev(7).",
             )],
         },
     ],
