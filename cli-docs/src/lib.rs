@@ -202,8 +202,9 @@ fn write_page(
 /// - the top page names every subcommand's page, `bin-SUB(SECTION)`;
 /// - every page renders with `man --warnings` without a warning (needs
 ///   man-db, which `tests/vm/setup-host.sh` installs);
-/// - the bash, zsh and fish completion scripts name every subcommand, and
-///   bash really completes them.
+/// - the bash, zsh and fish completion scripts name every subcommand,
+///   bash really completes them, and zsh and fish, where installed, accept
+///   their scripts' syntax.
 ///
 /// Returns every problem found, one per line.
 pub fn check_binary(bin: &Path, section: &str, out: &Path) -> Result<(), String> {
@@ -280,6 +281,21 @@ pub fn check_binary(bin: &Path, section: &str, out: &Path) -> Result<(), String>
             problems.push(format!(
                 "{shell} completion offers the hidden `generate` subcommand"
             ));
+        }
+        // Syntax, where the shell is installed (CI has only bash, which
+        // also completes for real below).
+        let syntax_check: &[&str] = match shell {
+            "zsh" => &["-n"],
+            "fish" => &["--no-execute"],
+            _ => &[],
+        };
+        if !syntax_check.is_empty() && which(shell) {
+            let file = out.with_extension(format!("{shell}-completion"));
+            if let Err(e) = std::fs::write(&file, &script) {
+                problems.push(format!("{}: {e}", file.display()));
+            } else if let Err(e) = output(Process::new(shell).args(syntax_check).arg(&file)) {
+                problems.push(format!("{shell} rejects its completion script: {e}"));
+            }
         }
         if shell == "bash" {
             match bash_complete(&name, &script) {
