@@ -3,13 +3,22 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use gimbal_target::config::TargetConfig;
 
 mod plan;
 
-/// NVMe/TCP target and multi-tenant storage switch.
+/// gimbal-target serves the subsystems and namespaces (RAM, null, file or
+/// simulated-SSD backends) a TOML file describes over NVMe/TCP. A namespace
+/// with `qos = "gimbal"` runs the Gimbal storage switch (SIGCOMM '21):
+/// per-tenant fair scheduling, delay-based SSD congestion control and
+/// credits returned to clients. Under systemd, gimbal-target.service runs
+/// `gimbal-target run --config /etc/gimbal-target/target.toml`; `check`
+/// validates a file first, `plan` predicts the shares of weighted class
+/// arbitration.
 #[derive(Parser)]
+// `about`: the package description, the NAME line of gimbal-target(8); the
+// doc comment above is the long help and the page's DESCRIPTION.
 #[command(version, about)]
 struct Cli {
     #[command(subcommand)]
@@ -40,10 +49,47 @@ enum Command {
     },
 }
 
+/// The hand-written parts of gimbal-target(8).
+const MAN: cli_docs::ManInfo = cli_docs::ManInfo {
+    section: "8",
+    sections: &[
+        cli_docs::Section {
+            title: "FILES",
+            entries: &[(
+                "/etc/gimbal-target/target.toml",
+                "The configuration the systemd unit gimbal-target.service serves. An annotated \
+                 example is /usr/share/doc/gimbal-target/examples/target.toml.",
+            )],
+        },
+        cli_docs::Section {
+            title: "ENVIRONMENT",
+            entries: &[
+                (
+                    "RUST_LOG",
+                    "Log level: error, warn, info (the default), debug, trace.",
+                ),
+                (
+                    "GIMBAL_CLOCK",
+                    "monotonic: the storage switch times requests with CLOCK_MONOTONIC instead of \
+                     the CPU's time-stamp counter.",
+                ),
+            ],
+        },
+        cli_docs::Section {
+            title: "SEE ALSO",
+            entries: &[("", "ublk-nvmf(8), nvme(1), systemctl(1).")],
+        },
+    ],
+};
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
         .format_timestamp_millis()
         .init();
+    // `gimbal-target generate man|completion ...` (hidden, for packaging).
+    if let Some(status) = cli_docs::generate_if_asked(Cli::command, &MAN) {
+        return status;
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run {

@@ -14,10 +14,13 @@ set -euo pipefail
 #   iperf3                    loopback network baseline for benchmarks
 #   systemd                   `systemd-analyze verify` of the shipped units
 #   libbpf-dev bpftool        building and inspecting the ionice side channel (BPF)
+#   man-db                    `man --warnings -l` on the generated man pages
+#   dpkg-dev lintian debootstrap  building the Debian packages (dpkg-shlibdeps),
+#                             checking them, a clean root to install them in
 PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
-    libbpf-dev bpftool
+    libbpf-dev bpftool man-db dpkg-dev lintian debootstrap
 )
 
 missing=()

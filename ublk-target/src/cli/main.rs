@@ -7,15 +7,34 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use config_diag::parse_size;
 use nvmf_initiator::blocking::{discover, ConnectOptions, Controller, DhchapKeys, HostIdentity};
 use nvmf_initiator::ReconnectPolicy;
 use nvmf_proto::auth::DhchapSecret;
 use ublk_target::bench::{self, BenchOptions, Pattern};
 
+/// Shown by `--help` and as the DESCRIPTION of ublk-nvmf(8).
+const LONG_ABOUT: &str = "\
+ublk-nvmf serves a volume, a namespace on an NVMe/TCP target or mirrored on \
+several, as the block device /dev/ublkbN, with client-side QoS: Gimbal \
+credits, io.max-style rate limits, I/O priority classes and replica load \
+balancing.
+
+Each volume is one TOML file. Under systemd, ublk-nvmf@NAME.service runs \
+`ublk-nvmf run --config /etc/ublk-nvmf/NAME.toml`; without it, `add` starts \
+a volume in the background and `del` stops it. A server that dies leaves its \
+device in place, and `recover` (or systemd's restart) reattaches it. \
+`status`, `set` and `reload` talk to a running volume; `discover`, \
+`identify` and `bench` reach a target without a block device.";
+
 #[derive(Parser)]
-#[command(name = "ublk-nvmf", version, about = "Block devices over NVMe/TCP")]
+#[command(
+    name = "ublk-nvmf",
+    version,
+    about = "Block devices over NVMe/TCP",
+    long_about = LONG_ABOUT
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -91,6 +110,62 @@ enum Cmd {
         kernel: String,
     },
 }
+
+/// The hand-written parts of ublk-nvmf(8).
+const MAN: cli_docs::ManInfo = cli_docs::ManInfo {
+    section: "8",
+    sections: &[
+        cli_docs::Section {
+            title: "FILES",
+            entries: &[
+                (
+                    "/etc/ublk-nvmf/NAME.toml",
+                    "Volume NAME's configuration, served by the systemd unit ublk-nvmf@NAME.service. \
+                     An annotated example is /usr/share/doc/ublk-nvmf/examples/volume.toml.",
+                ),
+                (
+                    "/lib/systemd/system/ublk-nvmf@.service",
+                    "The unit that serves volume NAME as ublk-nvmf@NAME.service: active once the \
+                     device is live, restarted (recovering the same device) if the server dies.",
+                ),
+                (
+                    "/run/ublk-nvmf/",
+                    "NAME.json, the saved state of a live device (a restarted server recovers the \
+                     same /dev/ublkbN from it), and NAME.sock, the running server's control socket \
+                     (status, set, reload, del).",
+                ),
+                (
+                    "/var/lib/ublk-nvmf/",
+                    "The generated host identity (hostnqn, hostid) and mirrored volumes' \
+                     write-intent bitmaps (NAME.bitmap).",
+                ),
+                (
+                    "/dev/disk/by-id/ublk-nvmf-NAME",
+                    "Stable name of volume NAME's device, from the udev rule 99-ublk-nvmf.rules.",
+                ),
+            ],
+        },
+        cli_docs::Section {
+            title: "ENVIRONMENT",
+            entries: &[
+                ("RUST_LOG", "Log level: error, warn (the default), info, debug, trace."),
+                ("UBLK_NVMF_RUN_DIR", "Instead of /run/ublk-nvmf."),
+                ("UBLK_NVMF_LIB_DIR", "Instead of /var/lib/ublk-nvmf."),
+                (
+                    "GIMBAL_TARGET",
+                    "The gimbal-target binary demo starts (default: next to ublk-nvmf, else on PATH).",
+                ),
+            ],
+        },
+        cli_docs::Section {
+            title: "SEE ALSO",
+            entries: &[(
+                "",
+                "gimbal-target(8), systemctl(1), ionice(1), udev(7).",
+            )],
+        },
+    ],
+};
 
 #[derive(Args, Clone)]
 struct TargetArgs {
@@ -391,6 +466,10 @@ fn cmd_bench(b: &BenchArgs) -> anyhow::Result<bool> {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // `ublk-nvmf generate man|completion ...` (hidden, for packaging).
+    if let Some(status) = cli_docs::generate_if_asked(Cli::command, &MAN) {
+        return status;
+    }
     let cli = Cli::parse();
     let result = match &cli.command {
         Cmd::Discover(t) => cmd_discover(t).map(|_| true),
