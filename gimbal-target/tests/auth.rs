@@ -213,3 +213,122 @@ fn the_host_authenticates_again_after_the_target_drops_the_controller() {
     ctrl.disconnect().unwrap();
     t.shutdown();
 }
+
+// ---- on the wire: what the target enforces per queue ----------------------
+
+use nvmf_proto::auth::{HostAuth, HostAuthConfig, HostNext};
+use nvmf_proto::fabrics::{property, AuthReq, AuthenticationReceive, AuthenticationSend};
+use nvmf_proto::Status;
+use support::TestHost;
+
+/// Runs one whole transaction on `h`'s admin queue with `secret`;
+/// returns how it ended.
+fn authenticate(h: &mut TestHost, secret: &str, tid: u16) -> Result<(), String> {
+    let cfg = HostAuthConfig::new(HOST_NQN, DEMO_NQN, DhchapSecret::parse(secret).unwrap());
+    let mut auth = HostAuth::new(std::sync::Arc::new(cfg), 0, tid).unwrap();
+    let mut step = auth.start();
+    loop {
+        if let Some(msg) = step.send.take() {
+            let cid = h.cid();
+            let sqe = AuthenticationSend::dhchap(msg.len() as u32).to_sqe(cid);
+            let (cqe, _) = h.command(sqe, Some(&msg));
+            assert!(cqe.status.is_success(), "Authentication Send: {cqe:?}");
+        }
+        match step.next {
+            HostNext::Receive { al } => {
+                let cid = h.cid();
+                let (cqe, data) = h.command(AuthenticationReceive::dhchap(al).to_sqe(cid), None);
+                assert!(cqe.status.is_success(), "Authentication Receive: {cqe:?}");
+                assert_eq!(data.len(), al as usize, "the reply fills AL, zero-padded");
+                step = auth.receive(&data);
+            }
+            HostNext::Done(_) => return Ok(()),
+            HostNext::Failed(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+fn property_status(h: &mut TestHost) -> Status {
+    let cid = h.cid();
+    let (cqe, _) = h.command(
+        nvmf_proto::fabrics::PropertyGet::new(property::VS).to_sqe(cid),
+        None,
+    );
+    cqe.status
+}
+
+#[test]
+fn the_target_gates_each_queue_until_it_authenticates_and_allows_reauthentication() {
+    let t = start_target(&config("", ""));
+    let mut h = TestHost::connect(t.local_addrs()[0]);
+    h.icreq(false, false);
+    let cqe = h.connect_admin_as(DEMO_NQN, HOST_NQN, 0);
+    assert!(cqe.status.is_success());
+    assert!(
+        AuthReq::from_connect_dw0(cqe.dw0).transaction_required(),
+        "ATR set"
+    );
+    // Before authentication everything else fails with Authentication
+    // Required (DNR).
+    let s = property_status(&mut h);
+    assert!(s.same_code(Status::AUTHENTICATION_REQUIRED), "{s:?}");
+    assert!(s.dnr);
+    // Field checks: a wrong SECP, an empty Send, a Receive with AL 0 or
+    // beyond MDTS.
+    let cid = h.cid();
+    let mut bad = AuthenticationSend::dhchap(8);
+    bad.secp = 0xEA;
+    let (cqe, _) = h.command(bad.to_sqe(cid), Some(&[0; 8]));
+    assert!(cqe.status.same_code(Status::INVALID_FIELD), "{cqe:?}");
+    let cid = h.cid();
+    let (cqe, _) = h.command(AuthenticationReceive::dhchap(0).to_sqe(cid), None);
+    assert!(cqe.status.same_code(Status::INVALID_FIELD), "{cqe:?}");
+    let cid = h.cid();
+    let (cqe, data) = h.command(AuthenticationReceive::dhchap(64 << 20).to_sqe(cid), None);
+    assert!(cqe.status.same_code(Status::INVALID_FIELD), "{cqe:?}");
+    assert!(data.is_empty(), "nothing sent for a refused AL");
+    authenticate(&mut h, HOST_KEY, 1).unwrap();
+    assert!(property_status(&mut h).is_success());
+    // Re-authentication on the live queue: commands keep working during
+    // and after it.
+    authenticate(&mut h, HOST_KEY, 2).unwrap();
+    assert!(property_status(&mut h).is_success());
+    // A failed re-authentication closes the queue to everything else.
+    assert!(authenticate(&mut h, OTHER_KEY, 3).is_err());
+    assert!(property_status(&mut h).same_code(Status::AUTHENTICATION_REQUIRED));
+    // A new transaction with the right key opens it again.
+    authenticate(&mut h, HOST_KEY, 4).unwrap();
+    assert!(property_status(&mut h).is_success());
+    t.shutdown();
+}
+
+#[test]
+fn an_unauthenticated_queue_gets_three_attempts() {
+    let t = start_target(&config("", ""));
+    let mut h = TestHost::connect(t.local_addrs()[0]);
+    h.icreq(false, false);
+    assert!(h
+        .connect_admin_as(DEMO_NQN, HOST_NQN, 0)
+        .status
+        .is_success());
+    for tid in 1..=3 {
+        assert!(authenticate(&mut h, OTHER_KEY, tid).is_err());
+    }
+    // The fourth Negotiate ends the connection (each may cost the target
+    // a modular exponentiation).
+    let cfg = HostAuthConfig::new(HOST_NQN, DEMO_NQN, DhchapSecret::parse(HOST_KEY).unwrap());
+    let msg = HostAuth::new(std::sync::Arc::new(cfg), 0, 4)
+        .unwrap()
+        .start()
+        .send
+        .unwrap();
+    let cid = h.cid();
+    let capsule = nvmf_proto::pdu::CapsuleCmd::with_data(
+        AuthenticationSend::dhchap(msg.len() as u32).to_sqe(cid),
+        msg,
+    )
+    .unwrap();
+    h.send(&nvmf_proto::pdu::Pdu::CapsuleCmd(capsule));
+    h.drain_until_closed(Duration::from_secs(5));
+    t.shutdown();
+}

@@ -376,7 +376,12 @@ struct Connection {
 /// In-band authentication of one queue (NVMe Base Specification 2.x,
 /// "Authentication"; `nvmf_proto::auth` for the protocol).
 struct QueueAuth {
+    /// The host's settings, to begin a fresh transaction after a failed one.
+    config: Arc<CtrlAuthConfig>,
     ctrl: CtrlAuth,
+    /// The last transaction failed: a new Negotiate starts over with a
+    /// fresh state machine (the old one refuses anything more).
+    failed: bool,
     /// The host proved its key on this queue and no transaction has failed
     /// since. A re-authentication in progress keeps the queue open, as
     /// nvmet does: only a failed one closes it to everything but
@@ -1429,9 +1434,12 @@ impl Connection {
             hashes: host.dhchap_hashes.clone(),
             dh_groups: host.dhchap_dhgroups.clone(),
         };
-        match CtrlAuth::new(Arc::new(config), c.qid) {
+        let config = Arc::new(config);
+        match CtrlAuth::new(Arc::clone(&config), c.qid) {
             Ok(ctrl) => Ok(Some(QueueAuth {
+                config,
                 ctrl,
+                failed: false,
                 authenticated: false,
                 attempts: 0,
             })),
@@ -1477,9 +1485,17 @@ impl Connection {
         if negotiate && !auth.authenticated {
             auth.attempts += 1;
             if auth.attempts > MAX_AUTH_ATTEMPTS {
+                r.finish_one();
                 return Err(End::Fatal(format!(
                     "more than {MAX_AUTH_ATTEMPTS} authentication attempts on one queue"
                 )));
+            }
+        }
+        if negotiate && auth.failed {
+            // The configuration was accepted when the queue connected.
+            if let Ok(fresh) = CtrlAuth::new(Arc::clone(&auth.config), auth.ctrl.qid()) {
+                auth.ctrl = fresh;
+                auth.failed = false;
             }
         }
         let progress = auth.ctrl.on_send(data);
@@ -1551,7 +1567,14 @@ impl Connection {
                 self.target.note_auth_success(&host);
             }
             CtrlProgress::Failed(e) => {
+                if auth.authenticated {
+                    // A failed re-authentication: the queue gets the time a
+                    // new connection gets to prove the key again.
+                    self.handshake_deadline = tokio::time::Instant::now()
+                        + Duration::from_millis(self.target.config.timeouts.handshake_ms.into());
+                }
                 auth.authenticated = false;
+                auth.failed = true;
                 // A wrong key fails on every queue and every reconnect:
                 // warn once per host until it succeeds again (and at most
                 // at the log limiter's rate across hosts).

@@ -77,6 +77,7 @@ connect() {
         --hostid="$HOSTID" --ctrl-loss-tmo=5 "$@"
 }
 no_device() { ! nvme_ns_dev "$NQN" 1 >/dev/null; }
+ctrl_live() { [ "$(cat "/sys/class/nvme/${1#/dev/}/state" 2>/dev/null)" = live ]; }
 
 for choice in "sha256 null" "sha384 ffdhe2048" "sha512 ffdhe3072"; do
     set -- $choice
@@ -94,6 +95,12 @@ for choice in "sha256 null" "sha384 ffdhe2048" "sha512 ffdhe3072"; do
     wait_for "namespace appears, bidirectional ($1, $2)" 20 nvme_ns_dev "$NQN" 1
     dev=$(nvme_ns_dev "$NQN" 1)
     fio_verify "fio verify, bidirectional ($1, $2)" "$dev" randwrite 64k 8 8M
+    # A controller reset: the host re-creates every queue, and each one
+    # authenticates again.
+    ctrl=$(nvme_ctrl_for "$NQN")
+    check "nvme reset ($1, $2)" nvme reset "$ctrl"
+    wait_for "controller live after the reset ($1, $2)" 30 ctrl_live "$ctrl"
+    fio_verify "fio verify after the reset ($1, $2)" "$dev" randrw 16k 8 8M
     check "disconnect, bidirectional ($1, $2)" nvme disconnect -n "$NQN"
     wait_for "device gone, bidirectional ($1, $2)" 20 no_device
 done
