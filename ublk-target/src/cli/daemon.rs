@@ -127,13 +127,10 @@ fn open_volume(
         None => persistent_host_identity(&state::lib_dir())
             .with_context(|| format!("host identity in {}", state::lib_dir().display()))?,
     };
-    let target = format!(
-        "{}:{} {}",
-        config.target.address, config.target.port, config.target.subnqn
-    );
     let priority = open_priority(config);
+    // Volume::connect names the target (or replica) in its errors.
     let vol = Volume::connect(config.clone(), host, priority, recover.is_some())
-        .with_context(|| format!("volume {name}: {target}"))?;
+        .with_context(|| format!("volume {name}"))?;
     if let Some(st) = recover {
         if st.target != vol.identity {
             bail!(
