@@ -455,6 +455,8 @@ fn connect_replica(
         .saturating_add(u16::from(config.replicas.len() > 1));
     opts.queue_depth = config.queue_depth;
     opts.command_timeout = config.io_timeout;
+    opts.header_digest = config.header_digest;
+    opts.data_digest = config.data_digest;
     opts.kato = config.keep_alive;
     opts.reconnect = config.reconnect;
     opts.arbitration = pc.arbitration();

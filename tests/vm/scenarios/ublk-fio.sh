@@ -27,6 +27,26 @@ check_output "status --json: no errors" '"errors":0' ublk-nvmf status gfile --js
 check "del gfile" ublk-nvmf del gfile
 gone() { ! test -e /dev/ublkb0; }
 wait_for "/dev/ublkb0 removed" 20 gone
+
+# The one-line form, with nvme-cli's connect options: it writes the volume
+# file they imply (where ublk-nvmf@NAME would read it) and serves it.
+ONE_BASE="-t tcp -a 127.0.0.1 -s 4420 -n $GNQN --nsid 2 -i 2 --reconnect-delay 1 --hdr-digest --data-digest --config-dir /tmp/etc-ublk"
+ONE="$ONE_BASE -Q 64"
+check_output "add -t tcp -a ... -n ... (nvme-cli's options)" "^/dev/ublkb0$" ublk-nvmf add $ONE
+check_output "it wrote demo-2.toml" "^header_digest = true$" cat /tmp/etc-ublk/demo-2.toml
+check_output "the file is private (it may hold keys)" "^600$" stat -c %a /tmp/etc-ublk/demo-2.toml
+check_output "2 queues, as -i 2 asked" "^2$" sh -c 'ls /sys/block/ublkb0/mq | wc -l'
+check_output "list --json: schema 1" '"schema":1' ublk-nvmf list --json
+check_output "list --json: the volume by name" '"name":"demo-2"' ublk-nvmf list --json
+check_output "list --json: its device" '"device":"/dev/ublkb0"' ublk-nvmf list --json
+fio_verify "one-line volume (digests on): verify" /dev/ublkb0 randrw 4k 16 8M --bsrange=4k-128k
+check "del demo-2" ublk-nvmf del demo-2
+wait_for "/dev/ublkb0 removed after the one-line volume" 20 gone
+check_output "other settings for an existing name are refused" "exists with other settings" \
+    sh -c "! ublk-nvmf add $ONE_BASE -Q 32 2>&1"
+check_output "the same options again reuse the file" "^/dev/ublkb0$" ublk-nvmf add $ONE
+check "del demo-2 again" ublk-nvmf del demo-2
+wait_for "/dev/ublkb0 removed again" 20 gone
 stop_daemon gimbal
 
 KNQN=nqn.2026-01.io.ublk:nvmet-file

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use ublk_target::config::{persistent_host_identity, VolumeConfig};
+use ublk_target::config::{persistent_host_identity, ConnectArgs, VolumeConfig};
 use ublk_target::control::state::{self, DeviceState};
 use ublk_target::io::ublk::{self, DevState, Serve};
 use ublk_target::replication::Copier;
@@ -609,6 +609,46 @@ pub fn add(config: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `add -t tcp -a ADDR -n NQN ...`: write the volume file the options
+/// imply to `dir` (checked first; an existing file with other settings is
+/// left alone and refused), then `add` it. A failed add removes the file
+/// it wrote, so a corrected retry starts clean.
+pub fn add_connect(args: &ConnectArgs, dir: &Path) -> anyhow::Result<()> {
+    ublk::check_available()?;
+    let text = args.to_toml().map_err(|e| anyhow!(e))?;
+    let path = dir.join(format!("{}.toml", args.volume_name()));
+    VolumeConfig::parse(&path, &text)?;
+    let wrote = match std::fs::read_to_string(&path) {
+        Ok(old) if old == text => false,
+        Ok(_) => bail!(
+            "{} exists with other settings; remove it, or use `ublk-nvmf add --config {}`",
+            path.display(),
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            // 0600: the file may hold DH-HMAC-CHAP secrets.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("writing {}", path.display()))?;
+            f.write_all(text.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+            true
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let r = add(&path);
+    if r.is_err() && wrote {
+        let _ = std::fs::remove_file(&path);
+    }
+    r
+}
+
 /// `recover NAME`: reattach a quiesced device left by a server that died.
 pub fn recover(name: &str) -> anyhow::Result<()> {
     ublk::check_available()?;
@@ -660,8 +700,12 @@ pub fn del(name: &str) -> anyhow::Result<()> {
 }
 
 /// `list`.
-pub fn list() -> anyhow::Result<()> {
+pub fn list(json: bool) -> anyhow::Result<()> {
     let states = state::list(&state::run_dir());
+    if json {
+        println!("{}", list_json(&states, pid_alive));
+        return Ok(());
+    }
     println!("{:<20} {:<14} {:<10} TARGET", "VOLUME", "DEVICE", "SERVER");
     for s in states {
         let server = if pid_alive(s.pid) {
@@ -678,6 +722,31 @@ pub fn list() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `list --json`, schema 1 (docs/architecture.md): fields are only ever
+/// added, and a change to a field's meaning bumps `schema`.
+fn list_json(states: &[DeviceState], alive: impl Fn(u32) -> bool) -> String {
+    let volumes: Vec<serde_json::Value> = states
+        .iter()
+        .map(|s| {
+            let g = &s.target.geometry;
+            serde_json::json!({
+                "name": s.volume,
+                "device": s.device(),
+                "dev_id": s.dev_id,
+                "config": s.config,
+                "server": { "pid": s.pid, "alive": alive(s.pid) },
+                "subnqn": s.target.subnqn,
+                "serial": s.target.serial,
+                "nguid": s.target.nguid,
+                "nsid": g.nsid,
+                "block_size": g.block_size,
+                "size_bytes": g.blocks * u64::from(g.block_size),
+            })
+        })
+        .collect();
+    serde_json::json!({ "schema": 1, "volumes": volumes }).to_string()
 }
 
 /// `status NAME [--json]`.

@@ -13,6 +13,7 @@ use nvmf_initiator::blocking::{discover, ConnectOptions, Controller, DhchapKeys,
 use nvmf_initiator::ReconnectPolicy;
 use nvmf_proto::auth::DhchapSecret;
 use ublk_target::bench::{self, BenchOptions, Pattern};
+use ublk_target::config::ConnectArgs;
 
 /// Shown by `--help` and as the DESCRIPTION of ublk-nvmf(8).
 const LONG_ABOUT: &str = "\
@@ -55,18 +56,28 @@ enum Cmd {
         config: std::path::PathBuf,
     },
     /// Start a volume in the background; prints its device once live.
+    /// Either from a volume file (--config), or in one line with nvme-cli's
+    /// connect options (-t tcp -a ADDR -s PORT -n NQN ...), which writes the
+    /// volume file they imply to --config-dir so systemd can take it over.
     Add {
         /// Volume config file (TOML).
         #[arg(long)]
-        config: std::path::PathBuf,
+        config: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        connect: AddConnect,
     },
     /// Stop a volume's server and delete its device.
     Del {
         /// Volume name.
         name: String,
     },
-    /// List volumes with saved state.
-    List,
+    /// List volumes with saved state (a table; --json: the schema in
+    /// docs/architecture.md, "ublk-nvmf list --json").
+    List {
+        /// JSON (schema 1) instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// A running volume's counters.
     Status {
         /// Volume name.
@@ -166,6 +177,99 @@ const MAN: cli_docs::ManInfo = cli_docs::ManInfo {
         },
     ],
 };
+
+/// `add`'s one-line form: nvme-cli's `connect` options.
+#[derive(Args, Clone, Default)]
+struct AddConnect {
+    /// Transport (nvme-cli's -t): tcp.
+    #[arg(short = 't', long = "transport", value_name = "TRTYPE")]
+    transport: Option<String>,
+    /// Target address.
+    #[arg(short = 'a', long = "traddr")]
+    traddr: Option<String>,
+    /// Target TCP port (default 4420).
+    #[arg(short = 's', long = "trsvcid")]
+    trsvcid: Option<u16>,
+    /// Subsystem NQN.
+    #[arg(short = 'n', long = "nqn")]
+    nqn: Option<String>,
+    /// Namespace ID (default 1).
+    #[arg(long)]
+    nsid: Option<u32>,
+    /// Volume name (default: the NQN's last part and the NSID).
+    #[arg(long)]
+    name: Option<String>,
+    /// ublk queues, each with its own NVMe/TCP I/O queue.
+    #[arg(short = 'i', long)]
+    nr_io_queues: Option<u16>,
+    /// Requests in flight per queue.
+    #[arg(short = 'Q', long)]
+    queue_size: Option<u16>,
+    /// Give up reconnecting after this many seconds (-1: never).
+    #[arg(short = 'l', long, allow_hyphen_values = true)]
+    ctrl_loss_tmo: Option<i64>,
+    /// Seconds between reconnect attempts.
+    #[arg(short = 'c', long)]
+    reconnect_delay: Option<i64>,
+    /// Keep Alive timeout in seconds.
+    #[arg(short = 'k', long)]
+    keep_alive_tmo: Option<i64>,
+    /// Host NQN (default: the identity kept in /var/lib/ublk-nvmf).
+    #[arg(short = 'q', long)]
+    hostnqn: Option<String>,
+    /// Host identifier (a UUID).
+    #[arg(short = 'I', long)]
+    hostid: Option<String>,
+    /// Ask for NVMe/TCP header digests.
+    #[arg(short = 'g', long)]
+    hdr_digest: bool,
+    /// Ask for NVMe/TCP data digests.
+    #[arg(short = 'G', long)]
+    data_digest: bool,
+    /// DH-HMAC-CHAP secret of this host.
+    #[arg(short = 'S', long, value_name = "SECRET")]
+    dhchap_secret: Option<String>,
+    /// DH-HMAC-CHAP secret the controller must prove it knows.
+    #[arg(short = 'C', long, value_name = "SECRET")]
+    dhchap_ctrl_secret: Option<String>,
+    /// Where the one-line form writes NAME.toml (ublk-nvmf@NAME reads
+    /// /etc/ublk-nvmf/NAME.toml).
+    #[arg(long, value_name = "DIR", default_value = "/etc/ublk-nvmf")]
+    config_dir: std::path::PathBuf,
+}
+
+impl AddConnect {
+    /// Whether any connect option was given.
+    fn given(&self) -> bool {
+        self.transport.is_some() || self.traddr.is_some() || self.nqn.is_some()
+    }
+
+    fn to_args(&self) -> anyhow::Result<ConnectArgs> {
+        let (Some(transport), Some(traddr), Some(nqn)) = (&self.transport, &self.traddr, &self.nqn)
+        else {
+            bail!("add needs --config FILE, or -t tcp -a ADDR -n NQN (nvme-cli's connect options)");
+        };
+        Ok(ConnectArgs {
+            transport: transport.clone(),
+            traddr: traddr.clone(),
+            trsvcid: self.trsvcid,
+            nqn: nqn.clone(),
+            nsid: self.nsid,
+            name: self.name.clone(),
+            nr_io_queues: self.nr_io_queues,
+            queue_size: self.queue_size,
+            ctrl_loss_tmo: self.ctrl_loss_tmo,
+            reconnect_delay: self.reconnect_delay,
+            keep_alive_tmo: self.keep_alive_tmo,
+            hostnqn: self.hostnqn.clone(),
+            hostid: self.hostid.clone(),
+            hdr_digest: self.hdr_digest,
+            data_digest: self.data_digest,
+            dhchap_secret: self.dhchap_secret.clone(),
+            dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
+        })
+    }
+}
 
 #[derive(Args, Clone)]
 struct TargetArgs {
@@ -479,9 +583,18 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|c| daemon::run(c, true))
             .map(|_| true),
-        Cmd::Add { config } => daemon::add(config).map(|_| true),
+        Cmd::Add { config, connect } => match (config, connect.given()) {
+            (Some(_), true) => Err(anyhow!(
+                "add takes --config FILE or the connect options (-t tcp -a ... -n ...), not both"
+            )),
+            (Some(config), false) => daemon::add(config).map(|_| true),
+            (None, _) => connect
+                .to_args()
+                .and_then(|a| daemon::add_connect(&a, &connect.config_dir))
+                .map(|_| true),
+        },
         Cmd::Del { name } => daemon::del(name).map(|_| true),
-        Cmd::List => daemon::list().map(|_| true),
+        Cmd::List { json } => daemon::list(*json).map(|_| true),
         Cmd::Status { name, json } => daemon::status(name, *json).map(|_| true),
         Cmd::Set { name, settings } => daemon::set(name, settings).map(|_| true),
         Cmd::Reload { name } => daemon::reload(name).map(|_| true),

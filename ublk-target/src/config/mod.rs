@@ -16,6 +16,8 @@
 //! queues = 2
 //! queue_depth = 64
 //! io_timeout = 30         # seconds
+//! header_digest = false   # NVMe/TCP digests (nvme-cli --hdr-digest, --data-digest)
+//! data_digest = false
 //! [reconnect]
 //! reconnect_delay = 2     # seconds
 //! ctrl_loss_tmo = 600     # seconds, -1: forever
@@ -52,6 +54,10 @@
 //! ([`config_diag::ConfigError`]); a field of a replica is
 //! named `replica[i].key`, `i` counting from 0 in file order (the index
 //! `status` and the replica selector use).
+
+mod one_liner;
+
+pub use one_liner::ConnectArgs;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -100,6 +106,11 @@ pub struct VolumeConfig {
     pub queue_depth: u16,
     /// Bound on each NVMe command.
     pub io_timeout: Duration,
+    /// Ask for NVMe/TCP header digests (`[io] header_digest`; nvme-cli's
+    /// `--hdr-digest`).
+    pub header_digest: bool,
+    /// Ask for NVMe/TCP data digests (`[io] data_digest`; `--data-digest`).
+    pub data_digest: bool,
     /// Reconnect behaviour.
     pub reconnect: ReconnectPolicy,
     /// Keep Alive timeout proposed to the target.
@@ -329,6 +340,10 @@ struct RawIo {
     queues: Option<Spanned<i64>>,
     queue_depth: Option<Spanned<i64>>,
     io_timeout: Option<Spanned<i64>>,
+    #[serde(default)]
+    header_digest: bool,
+    #[serde(default)]
+    data_digest: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -435,6 +450,8 @@ impl VolumeConfig {
             queues,
             queue_depth,
             io_timeout: Duration::from_secs(io_timeout),
+            header_digest: raw.io.header_digest,
+            data_digest: raw.io.data_digest,
             reconnect: ReconnectPolicy {
                 reconnect_delay: Duration::from_secs(delay as u64),
                 ctrl_loss_tmo: ReconnectPolicy::secs_or_never(loss),
