@@ -170,21 +170,7 @@ impl ResponseInput<'_> {
 /// host NQN. Order after the challenge: sequence number, T_ID, SC_C,
 /// "HostHost", host NQN, a zero byte, subsystem NQN.
 pub fn host_response(key: &TransformedKey, input: &ResponseInput<'_>) -> HashValue {
-    let challenge = input.effective_challenge();
-    hmac(
-        input.hash,
-        key.as_bytes(),
-        &[
-            challenge.as_bytes(),
-            &input.seq_num.to_le_bytes(),
-            &input.t_id.to_le_bytes(),
-            &[input.sc_c],
-            b"HostHost",
-            input.host_nqn.as_bytes(),
-            &[0],
-            input.subsys_nqn.as_bytes(),
-        ],
-    )
+    response(key, input, b"HostHost", input.host_nqn, input.subsys_nqn)
 }
 
 /// R2, the controller's response, keyed with the controller key
@@ -192,6 +178,18 @@ pub fn host_response(key: &TransformedKey, input: &ResponseInput<'_>) -> HashVal
 /// number, T_ID, SC_C, "Controller", subsystem NQN, a zero byte, host NQN
 /// (the NQNs swap places compared with R1).
 pub fn controller_response(key: &TransformedKey, input: &ResponseInput<'_>) -> HashValue {
+    response(key, input, b"Controller", input.subsys_nqn, input.host_nqn)
+}
+
+/// The layout both responses share; only the role string and the order of
+/// the two NQNs differ.
+fn response(
+    key: &TransformedKey,
+    input: &ResponseInput<'_>,
+    role: &[u8],
+    first_nqn: &str,
+    second_nqn: &str,
+) -> HashValue {
     let challenge = input.effective_challenge();
     hmac(
         input.hash,
@@ -201,10 +199,10 @@ pub fn controller_response(key: &TransformedKey, input: &ResponseInput<'_>) -> H
             &input.seq_num.to_le_bytes(),
             &input.t_id.to_le_bytes(),
             &[input.sc_c],
-            b"Controller",
-            input.subsys_nqn.as_bytes(),
+            role,
+            first_nqn.as_bytes(),
             &[0],
-            input.host_nqn.as_bytes(),
+            second_nqn.as_bytes(),
         ],
     )
 }
