@@ -421,10 +421,9 @@ pub struct Queue<B> {
     stats: QueueStats,
     /// The DH-HMAC-CHAP transaction between the Connect response and Live.
     auth: Option<HostAuth>,
-    /// What follows the Authentication Send in flight.
+    /// What follows the Authentication Send in flight (a failure is
+    /// reported once its Failure2 was sent).
     auth_next: Option<HostNext>,
-    /// The transaction's failure, reported once its Failure2 was sent.
-    auth_failed: Option<Error>,
 }
 
 /// Transaction IDs for DH-HMAC-CHAP: distinct across the process's queues
@@ -503,7 +502,6 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             keep_alive: None,
             auth: None,
             auth_next: None,
-            auth_failed: None,
             cntlid: 0,
             stats: QueueStats::default(),
         }
@@ -1603,10 +1601,6 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                             status: r.status,
                         });
                     }
-                    // A Failure2 was the transaction's last word: it failed.
-                    if let Some(e) = self.auth_failed.take() {
-                        return Err(e);
-                    }
                     if let Some(next) = self.auth_next.take() {
                         return self.auth_next_step(now, next);
                     }
@@ -1671,15 +1665,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         let Some(msg) = step.send else {
             return self.auth_next_step(now, step.next);
         };
-        match step.next {
-            HostNext::Failed(source) => {
-                self.auth_failed = Some(Error::AuthenticationFailed {
-                    qid: self.cfg.qid,
-                    source,
-                });
-            }
-            next => self.auth_next = Some(next),
-        }
+        self.auth_next = Some(step.next);
         let sqe = AuthenticationSend::dhchap(msg.len() as u32).to_sqe(0);
         self.issue_internal(now, Internal::AuthSend, sqe, msg);
         Ok(())
