@@ -571,12 +571,8 @@ fn validate_host(cx: &Ctx, rh: RawHost, earlier: &[HostConfig]) -> Result<HostCo
         }
         let mut out: Vec<T> = Vec::new();
         for n in names {
-            // nvmet's configfs spells hashes `hmac(sha256)`: accept both.
-            let bare = n
-                .strip_prefix("hmac(")
-                .and_then(|r| r.strip_suffix(')'))
-                .unwrap_or(n);
-            let Ok(t) = bare.parse::<T>() else {
+            // HashId also takes nvmet's spelling, `hmac(sha256)`.
+            let Ok(t) = n.parse::<T>() else {
                 return Err(cx.err(v, field, format!("`{n}` is not one of {known}")));
             };
             if !out.contains(&t) {

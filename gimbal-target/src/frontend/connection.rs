@@ -777,10 +777,7 @@ impl Connection {
             let handshake = (matches!(
                 self.state,
                 QueueState::AwaitIcReq | QueueState::AwaitConnect
-            ) || self
-                .auth
-                .as_ref()
-                .is_some_and(|a| !a.authenticated && !a.ctrl.is_authenticated()))
+            ) || self.auth.as_ref().is_some_and(|a| !a.authenticated))
             .then_some(self.handshake_deadline);
             let shutdown = self.target.shutdown.clone();
             let writer_gone = self.writer_gone.clone();
