@@ -376,14 +376,13 @@ impl VolumeConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::whole_file(path, format!("cannot read: {e}")))?;
-        let config = Self::parse(path, &text)?;
-        let raw: Raw =
-            toml::from_str(&text).map_err(|e| ConfigError::from_toml(path, &text, &e))?;
-        if raw
+        let raw = read_raw(path, &text)?;
+        let inline_secrets = raw
             .host
             .as_ref()
-            .is_some_and(|h| h.dhchap_secret.is_some() || h.dhchap_ctrl_secret.is_some())
-        {
+            .is_some_and(|h| h.dhchap_secret.is_some() || h.dhchap_ctrl_secret.is_some());
+        let config = Self::from_raw(path, &text, raw)?;
+        if inline_secrets {
             config_diag::refuse_world_readable(path, "holds DH-HMAC-CHAP secrets ([host])")?;
         }
         Ok(config)
@@ -391,8 +390,11 @@ impl VolumeConfig {
 
     /// Parse and check `source` (read from `path`, for messages).
     pub fn parse(path: &Path, source: &str) -> Result<Self, ConfigError> {
-        let raw: Raw =
-            toml::from_str(source).map_err(|e| ConfigError::from_toml(path, source, &e))?;
+        Self::from_raw(path, source, read_raw(path, source)?)
+    }
+
+    /// Check the as-written form `raw` of `source`.
+    fn from_raw(path: &Path, source: &str, raw: Raw) -> Result<Self, ConfigError> {
         let cx = Ctx { file: path, source };
         if !valid_name(raw.name.get_ref()) {
             return Err(cx.err(
@@ -463,6 +465,11 @@ impl VolumeConfig {
             priority,
         })
     }
+}
+
+/// The as-written form of a volume file.
+fn read_raw(path: &Path, source: &str) -> Result<Raw, ConfigError> {
+    toml::from_str(source).map_err(|e| ConfigError::from_toml(path, source, &e))
 }
 
 /// `[host] nqn` and `id`: `None` when the table gives only secrets (the
