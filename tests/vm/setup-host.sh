@@ -17,10 +17,13 @@ set -euo pipefail
 #   man-db                    `man --warnings -l` on the generated man pages
 #   dpkg-dev lintian debootstrap  building the Debian packages (dpkg-shlibdeps),
 #                             checking them, a clean root to install them in
+#   etcd-server               cluster mode's store: tests start real etcd clusters
+#   protobuf-compiler         etcd-client's build script compiles etcd's .proto files
 PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
     libbpf-dev bpftool man-db dpkg-dev lintian debootstrap
+    etcd-server protobuf-compiler
 )
 
 missing=()
