@@ -114,6 +114,8 @@ pub struct VolumeView {
 pub struct Attached {
     /// The new epoch.
     pub epoch: u64,
+    /// The owner record written (this host).
+    pub owner: OwnerRecord,
     /// The owner that held the volume before (a takeover), if any.
     pub previous: Option<OwnerRecord>,
     /// The records as they were just before, with the spec as now in etcd.
@@ -392,6 +394,7 @@ impl Store {
                 view.spec = Some(spec.clone());
                 return Ok(Attached {
                     epoch,
+                    owner,
                     previous,
                     view,
                 });

@@ -36,6 +36,7 @@
 //!   initiator, with its latency histogram.
 
 pub mod bench;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod error;

@@ -16,6 +16,7 @@ use nvmf_initiator::Arbitration;
 use qos_core::priority::NvmeClass;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::{self, Attachment, ClusterLink};
 use crate::config::{TargetSpec, VolumeConfig};
 use crate::error::Error;
 use crate::io::mapping::Geometry;
@@ -24,6 +25,7 @@ use crate::qos::{QosSnapshot, VolumeQos};
 use crate::replication::health::{check_same_geometry, ReplicaGeometry};
 use crate::replication::intent_log::replica_identity;
 use crate::replication::{ReplicaStatus, Replication};
+use cluster_store::AttachMode;
 
 /// Counters of a volume (all queues), cheap to update from queue threads.
 #[derive(Debug, Default)]
@@ -100,6 +102,9 @@ pub struct StatsSnapshot {
     /// Replicated volumes: one entry per replica (empty otherwise).
     #[serde(default)]
     pub replicas: Vec<ReplicaSnapshot>,
+    /// Cluster mode: owner, epoch, lease, etcd, health generation.
+    #[serde(default)]
+    pub cluster: Option<cluster::ClusterStatus>,
 }
 
 /// What `status` shows of one replica.
@@ -267,6 +272,8 @@ pub struct Volume {
     pub priority: Priority,
     /// Replica set, intent log and resync (replicated volumes only).
     pub replication: Option<Arc<Replication>>,
+    /// Cluster mode (`[cluster]`): ownership, fencing, health in etcd.
+    pub cluster: Option<Arc<ClusterLink>>,
 }
 
 impl Volume {
@@ -281,11 +288,58 @@ impl Volume {
     ///
     /// `recovering`: the device is taken over from a crashed server (see
     /// [`Replication::open`]).
+    ///
+    /// In cluster mode (`[cluster]`) the volume is attached in etcd first
+    /// (`takeover`: even if another host owns it), then connected, fenced
+    /// at its targets, and its replication state opened from etcd's record
+    /// (see [`crate::cluster`]); any failure after the attach gives the
+    /// volume up again.
     pub fn connect(
         config: VolumeConfig,
         host: HostIdentity,
         priority: Priority,
         recovering: bool,
+        takeover: bool,
+    ) -> Result<Self, Error> {
+        let attachment = match &config.cluster {
+            None => None,
+            Some(_) => {
+                let mode = if takeover {
+                    AttachMode::Takeover
+                } else {
+                    AttachMode::Attach
+                };
+                Some(cluster::attach(&config, &host.nqn, mode)?)
+            }
+        };
+        match Self::connect_attached(config, host, priority, recovering, attachment.as_ref()) {
+            Ok(mut v) => {
+                if let Some(a) = attachment {
+                    let spec = cluster::spec_of(&v.config);
+                    let in_sync = v.replication.as_ref().map(|r| r.in_sync());
+                    let link = a.start(in_sync, &spec)?;
+                    if let Some(rep) = &v.replication {
+                        rep.set_cluster(Arc::clone(&link));
+                    }
+                    v.cluster = Some(link);
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                if let Some(a) = attachment {
+                    a.abandon();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn connect_attached(
+        config: VolumeConfig,
+        host: HostIdentity,
+        priority: Priority,
+        recovering: bool,
+        attachment: Option<&Attachment>,
     ) -> Result<Self, Error> {
         let replicated = config.replicas.len() > 1;
         let mut replicas = Vec::new();
@@ -332,6 +386,7 @@ impl Volume {
                 &ids,
                 geometry.size_bytes(),
                 recovering,
+                attachment.map(|a| a.health.as_ref().map(|(h, _)| h)),
             )?))
         } else {
             None
@@ -346,6 +401,7 @@ impl Volume {
             qos: Arc::new(VolumeQos::new(&config.qos, config.queues)),
             priority,
             replication,
+            cluster: None,
             config,
         })
     }
@@ -427,6 +483,7 @@ impl Volume {
             queue_failures: g(&s.reconnects),
             sends: g(&s.sends),
             priority: self.priority_snapshot(&qos),
+            cluster: self.cluster.as_ref().map(|c| c.status()),
             qos,
         }
     }

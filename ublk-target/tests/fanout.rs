@@ -143,7 +143,7 @@ impl Rig {
         cfg.io_timeout = Duration::from_millis(10);
         let ids: Vec<String> = (0..n).map(|r| format!("r{r} nsid 1")).collect();
         all_in_sync(&cfg, &ids);
-        let rep = Arc::new(Replication::open(&cfg, &ids, SIZE, false).expect("replication"));
+        let rep = Arc::new(Replication::open(&cfg, &ids, SIZE, false, None).expect("replication"));
         assert!(rep.status().iter().all(|s| s.state == "in-sync"));
         let now = Instant::now();
         let links = faults

@@ -84,11 +84,11 @@ fn recovery_target(dir: &Path, name: &str) -> anyhow::Result<Option<DeviceState>
 
 /// Serve `config` in the foreground until SIGINT/SIGTERM (or `del`).
 /// `announce` prints the device path when live.
-pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
+pub fn run(config: VolumeConfig, announce: bool, takeover: bool) -> anyhow::Result<()> {
     ublk::check_available()?;
     let dir = state::run_dir();
     let recover = recovery_target(&dir, &config.name)?;
-    let vol = open_volume(&config, recover.as_ref())?;
+    let vol = open_volume(&config, recover.as_ref(), takeover)?;
     let stop = stop_on_signals();
     let manager = ReplicationManager::start(&vol);
     let live = DeviceLive {
@@ -120,6 +120,7 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
 fn open_volume(
     config: &VolumeConfig,
     recover: Option<&DeviceState>,
+    takeover: bool,
 ) -> anyhow::Result<Arc<Volume>> {
     let name = &config.name;
     let host = match &config.host {
@@ -129,7 +130,7 @@ fn open_volume(
     };
     let priority = open_priority(config);
     // Volume::connect names the target (or replica) in its errors.
-    let vol = Volume::connect(config.clone(), host, priority, recover.is_some())
+    let vol = Volume::connect(config.clone(), host, priority, recover.is_some(), takeover)
         .with_context(|| format!("volume {name}"))?;
     if let Some(st) = recover {
         if st.target != vol.identity {
@@ -282,6 +283,11 @@ fn shut_down(vol: &Volume, dir: &Path, served_ok: bool) {
     if let (Some(rep), true) = (&vol.replication, served_ok) {
         // Every request was answered before the device went away.
         rep.close_clean();
+    }
+    if let Some(c) = &vol.cluster {
+        // After the local log: a clean record in etcd, then the owner key
+        // goes (the next attach need not wait for the lease).
+        c.stop_and_wait(served_ok);
     }
     state::remove(dir, &vol.config.name);
 }
@@ -444,6 +450,42 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
             format_priority(&s.priority)
         )
         + &format_replicas(s)
+        + &format_cluster(s)
+}
+
+fn format_cluster(s: &ublk_target::volume::StatsSnapshot) -> String {
+    let Some(c) = &s.cluster else {
+        return String::new();
+    };
+    let mut out = format!(
+        "  cluster: owner {} epoch {}, lease {} s left, etcd {} ({}), health generation {}\n",
+        c.owner,
+        c.epoch,
+        c.lease_ttl_left_s,
+        if c.etcd_reachable {
+            "reachable"
+        } else {
+            "unreachable"
+        },
+        c.endpoints,
+        c.health_generation
+    );
+    if let Some(e) = &c.etcd_error {
+        out += &format!("  cluster: etcd error: {e}\n");
+    }
+    if let Some(p) = &c.pending_change {
+        out += &format!("  cluster: pending: {p}\n");
+    }
+    if c.writes_waiting > 0 {
+        out += &format!(
+            "  cluster: {} writes held until etcd records the change\n",
+            c.writes_waiting
+        );
+    }
+    if let Some(f) = &c.fenced {
+        out += &format!("  cluster: FENCED: {f}\n");
+    }
+    out
 }
 
 fn format_replicas(s: &ublk_target::volume::StatsSnapshot) -> String {
@@ -539,23 +581,24 @@ pub fn demo(size: &str) -> anyhow::Result<()> {
     let mut vcfg = VolumeConfig::parse(Path::new("<demo>"), &vtext)?;
     vcfg.host = Some(nvmf_initiator::blocking::HostIdentity::random());
     eprintln!("demo: serving until Ctrl-C");
-    let r = run(vcfg, true);
+    let r = run(vcfg, true, false);
     drop(target);
     r
 }
 
 /// Start `run --config` in the background; return once the device is live.
-fn spawn_background(config: &Path, name: &str) -> anyhow::Result<DeviceState> {
+fn spawn_background(config: &Path, name: &str, takeover: bool) -> anyhow::Result<DeviceState> {
     let dir = state::run_dir();
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     let log_path = dir.join(format!("{name}.log"));
     let log = std::fs::File::create(&log_path).with_context(|| log_path.display().to_string())?;
     let exe = std::env::current_exe().context("own executable")?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("run")
-        .arg("--config")
-        .arg(config)
-        .stdin(Stdio::null())
+    cmd.arg("run").arg("--config").arg(config);
+    if takeover {
+        cmd.arg("--takeover");
+    }
+    cmd.stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
     // SAFETY: setsid in the child before exec detaches it from our
@@ -601,10 +644,16 @@ fn spawn_background(config: &Path, name: &str) -> anyhow::Result<DeviceState> {
 }
 
 /// `add --config FILE`.
-pub fn add(config: &Path) -> anyhow::Result<()> {
+pub fn add(config: &Path, takeover: bool) -> anyhow::Result<()> {
     ublk::check_available()?;
     let c = VolumeConfig::load(config)?;
-    let st = spawn_background(config, &c.name)?;
+    if takeover && c.cluster.is_none() {
+        bail!(
+            "{}: --takeover needs [cluster] (ownership lives in etcd); without it a volume has no owner to take over from",
+            config.display()
+        );
+    }
+    let st = spawn_background(config, &c.name, takeover)?;
     println!("{}", st.device());
     Ok(())
 }
@@ -642,7 +691,7 @@ pub fn add_connect(args: &ConnectArgs, dir: &Path) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let r = add(&path);
+    let r = add(&path, false);
     if r.is_err() && wrote {
         let _ = std::fs::remove_file(&path);
     }
@@ -663,7 +712,7 @@ pub fn recover(name: &str) -> anyhow::Result<()> {
         ),
         None => bail!("{} no longer exists", st.device()),
     }
-    let new = spawn_background(&st.config, name)?;
+    let new = spawn_background(&st.config, name, false)?;
     if new.dev_id != st.dev_id {
         bail!("recovered onto {}, expected {}", new.device(), st.device());
     }

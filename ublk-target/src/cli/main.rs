@@ -54,6 +54,10 @@ enum Cmd {
         /// Volume config file (TOML).
         #[arg(long)]
         config: std::path::PathBuf,
+        /// Cluster mode: attach even if another host owns the volume; the
+        /// new attach epoch fences the old owner at the targets.
+        #[arg(long)]
+        takeover: bool,
     },
     /// Start a volume in the background; prints its device once live.
     /// Either from a volume file (--config), or in one line with nvme-cli's
@@ -63,8 +67,22 @@ enum Cmd {
         /// Volume config file (TOML).
         #[arg(long)]
         config: Option<std::path::PathBuf>,
+        /// Cluster mode: attach even if another host owns the volume; the
+        /// new attach epoch fences the old owner at the targets.
+        #[arg(long)]
+        takeover: bool,
         #[command(flatten)]
         connect: AddConnect,
+    },
+    /// Cluster mode: move a volume to this host now, fencing its current
+    /// owner at the targets (its writes fail with Reservation Conflict);
+    /// the same as `add --config DIR/NAME.toml --takeover`.
+    Takeover {
+        /// Volume name.
+        name: String,
+        /// Where NAME.toml is.
+        #[arg(long, default_value = "/etc/ublk-nvmf")]
+        config_dir: std::path::PathBuf,
     },
     /// Stop a volume's server and delete its device.
     Del {
@@ -579,15 +597,22 @@ fn main() -> ExitCode {
         Cmd::Discover(t) => cmd_discover(t).map(|_| true),
         Cmd::Identify(s) => cmd_identify(s).map(|_| true),
         Cmd::Bench(b) => cmd_bench(b),
-        Cmd::Run { config } => ublk_target::config::VolumeConfig::load(config)
+        Cmd::Run { config, takeover } => ublk_target::config::VolumeConfig::load(config)
             .map_err(anyhow::Error::from)
-            .and_then(|c| daemon::run(c, true))
+            .and_then(|c| daemon::run(c, true, *takeover))
             .map(|_| true),
-        Cmd::Add { config, connect } => match (config, connect.given()) {
+        Cmd::Takeover { name, config_dir } => {
+            daemon::add(&config_dir.join(format!("{name}.toml")), true).map(|_| true)
+        }
+        Cmd::Add {
+            config,
+            takeover,
+            connect,
+        } => match (config, connect.given()) {
             (Some(_), true) => Err(anyhow!(
                 "add takes --config FILE or the connect options (-t tcp -a ... -n ...), not both"
             )),
-            (Some(config), false) => daemon::add(config).map(|_| true),
+            (Some(config), false) => daemon::add(config, *takeover).map(|_| true),
             (None, _) => connect
                 .to_args()
                 .and_then(|a| daemon::add_connect(&a, &connect.config_dir))

@@ -35,6 +35,12 @@
 //! resync_rate = "64m"     # bytes/s of background resync (k/m/g; 0: unlimited)
 //! region_size = "1m"      # bytes per write-intent bit (power of two)
 //! bitmap_dir = "/var/lib/ublk-nvmf"  # NAME.bitmap lives here
+//! [cluster]               # optional: cluster mode (crate::cluster); without
+//! endpoints = ["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"]  # it no etcd
+//! prefix = "/ublk-nvmf"   # keys live under PREFIX/volumes/NAME/
+//! lease_ttl = 10          # seconds: how long a silent owner keeps the volume
+//! op_timeout_ms = 2000    # bound on one etcd request
+//! health_wait = 60        # seconds a write that needs a health change waits for etcd
 //! ```
 //!
 //! A replicated volume:
@@ -119,6 +125,36 @@ pub struct VolumeConfig {
     pub qos: QosConfig,
     /// I/O priority classes (`[priority]`).
     pub priority: PriorityConfig,
+    /// Cluster mode (`[cluster]`): ownership, fencing and replica health
+    /// in etcd. `None`: the single-host default, no etcd.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]`: where the volume's cluster state lives (see
+/// [`crate::cluster`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// etcd members, `http://host:port`.
+    pub endpoints: Vec<String>,
+    /// Key prefix.
+    pub prefix: String,
+    /// The owner's lease: how long after this host goes silent another
+    /// host may attach the volume without a takeover.
+    pub lease_ttl: Duration,
+    /// Bound on one etcd request.
+    pub op_timeout: Duration,
+    /// How long a write that needs a replica health change recorded in
+    /// etcd waits for it before it fails.
+    pub health_wait: Duration,
+}
+
+impl ClusterConfig {
+    /// Default lease: 10 s. A takeover without `takeover` waits this long
+    /// after a host dies; keep-alives go every third of it, so two lost
+    /// in a row are survived.
+    pub const DEFAULT_LEASE_TTL_S: i64 = 10;
+    /// Default key prefix.
+    pub const DEFAULT_PREFIX: &'static str = "/ublk-nvmf";
 }
 
 /// Most replicas a volume may have: a write goes to every one of them, and
@@ -227,6 +263,17 @@ struct Raw {
     qos: RawQos,
     #[serde(default)]
     priority: RawPriority,
+    cluster: Option<RawCluster>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    endpoints: Spanned<Vec<String>>,
+    prefix: Option<Spanned<String>>,
+    lease_ttl: Option<Spanned<i64>>,
+    op_timeout_ms: Option<Spanned<i64>>,
+    health_wait: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -441,6 +488,10 @@ impl VolumeConfig {
         }
         let qos = parse_qos(&cx, &raw.qos)?;
         let priority = parse_priority(&cx, &raw.priority)?;
+        let cluster = match &raw.cluster {
+            Some(c) => Some(parse_cluster(&cx, c)?),
+            None => None,
+        };
         Ok(Self {
             path: path.to_path_buf(),
             name: raw.name.get_ref().clone(),
@@ -463,8 +514,96 @@ impl VolumeConfig {
             keep_alive: Duration::from_secs(kato as u64),
             qos,
             priority,
+            cluster,
         })
     }
+}
+
+fn parse_cluster(cx: &Ctx<'_>, c: &RawCluster) -> Result<ClusterConfig, ConfigError> {
+    if c.endpoints.get_ref().is_empty() {
+        return Err(cx.err(
+            &c.endpoints,
+            "cluster.endpoints",
+            "at least one etcd member, e.g. [\"10.0.0.1:2379\"]",
+        ));
+    }
+    let mut endpoints = Vec::new();
+    for e in c.endpoints.get_ref() {
+        let url = if e.starts_with("http://") {
+            e.clone()
+        } else if e.starts_with("https://") {
+            return Err(cx.err(
+                &c.endpoints,
+                "cluster.endpoints",
+                format!("{e}: TLS to etcd is not supported yet; use http:// on a management network or loopback"),
+            ));
+        } else {
+            format!("http://{e}")
+        };
+        let hostport = &url["http://".len()..];
+        let ok = hostport
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+        if !ok {
+            return Err(cx.err(
+                &c.endpoints,
+                "cluster.endpoints",
+                format!("{e}: an etcd member is HOST:PORT (http:// optional)"),
+            ));
+        }
+        endpoints.push(url);
+    }
+    let prefix = match &c.prefix {
+        None => ClusterConfig::DEFAULT_PREFIX.to_owned(),
+        Some(p) => {
+            let v = p.get_ref();
+            if !v.starts_with('/') || v.len() > 128 || v.chars().any(char::is_whitespace) {
+                return Err(cx.err(
+                    p,
+                    "cluster.prefix",
+                    "a key prefix starting with '/', at most 128 characters, no spaces",
+                ));
+            }
+            v.trim_end_matches('/').to_owned()
+        }
+    };
+    let ttl = cx.int(
+        &c.lease_ttl,
+        "cluster.lease_ttl",
+        ClusterConfig::DEFAULT_LEASE_TTL_S,
+        2..=300,
+    )?;
+    let op = cx.int(
+        &c.op_timeout_ms,
+        "cluster.op_timeout_ms",
+        2000,
+        100..=60_000,
+    )?;
+    let wait = cx.int(&c.health_wait, "cluster.health_wait", 60, 1..=3600)?;
+    if op >= ttl * 1000 / 3 {
+        let s = c
+            .op_timeout_ms
+            .as_ref()
+            .map(|s| s.span())
+            .or_else(|| c.lease_ttl.as_ref().map(|s| s.span()))
+            .unwrap_or(c.endpoints.span());
+        let mut e = ConfigError::at_span(
+            cx.file,
+            cx.source,
+            s,
+            None,
+            "cluster.op_timeout_ms must be under a third of lease_ttl (keep-alives go every third of it)",
+        );
+        e.field = "cluster.op_timeout_ms".into();
+        return Err(e);
+    }
+    Ok(ClusterConfig {
+        endpoints,
+        prefix,
+        lease_ttl: Duration::from_secs(ttl as u64),
+        op_timeout: Duration::from_millis(op as u64),
+        health_wait: Duration::from_secs(wait as u64),
+    })
 }
 
 /// The as-written form of a volume file.

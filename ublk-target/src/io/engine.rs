@@ -218,7 +218,7 @@ impl Engine {
                     (base + usize::from(t.class_path[c.index()])) as u8;
             }
         }
-        let requests = Requests::new(
+        let mut requests = Requests::new(
             volume.config.name.clone(),
             volume.replicas.iter().map(|t| t.spec.nsid).collect(),
             volume.replication.clone(),
@@ -226,6 +226,9 @@ impl Engine {
             qos,
             depth,
         );
+        if let Some(c) = &volume.cluster {
+            requests.set_cluster(Arc::clone(c));
+        }
         Self {
             requests,
             pace_waker: None,
@@ -545,6 +548,11 @@ impl Engine {
                 }
                 self.try_connect_path(p, now);
             }
+        }
+        {
+            let (req, mut sink) = self.split(now);
+            let n = req.now(now);
+            req.cluster_tick(n, &mut sink);
         }
         // Settings changed at run time (credit mode, limits) and replicas
         // coming back reach a queue that is otherwise idle.

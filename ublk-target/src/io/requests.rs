@@ -18,9 +18,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nvmf_initiator::{Command, Completion, Request};
+use nvmf_proto::status::Status;
 use qos_core::priority::NvmeClass;
 use qos_core::{Nanos, ReplicaSet};
 
+use crate::cluster::ClusterLink;
 use crate::io::fanout::{Action, FanOut, Op, PartId, PieceSpec};
 use crate::qos::{LimitKind, QueueQos, Route, Ticket};
 use crate::replication::Replication;
@@ -170,6 +172,29 @@ pub struct Requests {
     /// Tags whose outcome became known since the last
     /// [`Requests::take_finished`].
     finished: Vec<u16>,
+    /// Cluster mode: ownership and the health record in etcd.
+    cluster: Option<Arc<ClusterLink>>,
+    /// Writes that skipped a replica etcd does not yet record out of sync
+    /// (see [`Requests::cluster_tick`]).
+    cluster_waits: Vec<ClusterWait>,
+}
+
+/// A fan-out step held until etcd records the replicas a write skipped
+/// out of sync.
+struct ClusterWait {
+    /// What to tell the fan-out then.
+    step: HeldStep,
+    /// The replicas the write reached.
+    sent_to: ReplicaSet,
+    /// Since when.
+    since: Nanos,
+}
+
+enum HeldStep {
+    /// [`FanOut::prepared`] of a write about to skip replicas.
+    Prepared { tag: u16, piece: u8 },
+    /// [`FanOut::recorded`] of a write one replica missed.
+    Recorded(PartId),
 }
 
 /// `command` addressed to namespace `nsid` (each replica has its own).
@@ -235,7 +260,80 @@ impl Requests {
             tags: (0..depth).map(|_| TagState::default()).collect(),
             results: vec![None; usize::from(depth)],
             finished: Vec::new(),
+            cluster: None,
+            cluster_waits: Vec::new(),
         }
+    }
+
+    fn fan_now(&self) -> Nanos {
+        self.now(Instant::now())
+    }
+
+    /// Cluster mode: writes that skip a replica wait for etcd's record of
+    /// it, and a fenced host fails every request.
+    pub fn set_cluster(&mut self, link: Arc<ClusterLink>) {
+        self.cluster = Some(link);
+    }
+
+    /// Whether etcd (in cluster mode) records every replica outside
+    /// `sent_to` out of sync.
+    fn cluster_covers(&self, sent_to: ReplicaSet) -> bool {
+        match (&self.cluster, &self.replication) {
+            (Some(c), Some(rep)) => c.covers(sent_to.bits(), rep.all().bits()),
+            _ => true,
+        }
+    }
+
+    /// Hold `step` until etcd covers `sent_to`.
+    fn hold_for_cluster(&mut self, now: Nanos, step: HeldStep, sent_to: ReplicaSet) {
+        if let Some(c) = &self.cluster {
+            c.writes_waiting(1);
+        }
+        self.cluster_waits.push(ClusterWait {
+            step,
+            sent_to,
+            since: now,
+        });
+    }
+
+    /// Every [`crate::io::engine::TICK`]: release the writes etcd now
+    /// covers; fail the ones that waited longer than `health_wait` (they
+    /// were not acknowledged, so nothing is lost: the kernel sees an
+    /// error).
+    pub fn cluster_tick(&mut self, now: Nanos, sink: &mut impl PartSink) {
+        let Some(link) = self.cluster.clone() else {
+            return;
+        };
+        if self.cluster_waits.is_empty() {
+            return;
+        }
+        let limit = link.health_wait().as_nanos() as u64;
+        let waits = std::mem::take(&mut self.cluster_waits);
+        let mut released = 0i64;
+        for w in waits {
+            let covered = self.cluster_covers(w.sent_to);
+            let expired = now.nanos_since(w.since) > limit;
+            if !covered && !expired && !link.is_fenced() {
+                self.cluster_waits.push(w);
+                continue;
+            }
+            released += 1;
+            let ok = covered && !link.is_fenced();
+            if !ok {
+                log::error!(
+                    "{}: a write waited {} s for etcd to record a replica out of sync; failing it",
+                    self.name,
+                    link.health_wait().as_secs()
+                );
+            }
+            match w.step {
+                HeldStep::Prepared { tag, piece } => self.fan.prepared(tag, piece, ok),
+                HeldStep::Recorded(part) => self.fan.recorded(part, ok),
+            }
+        }
+        link.writes_waiting(-released);
+        self.run(sink);
+        self.pump_if_queued(now, sink);
     }
 
     /// The QoS stage.
@@ -267,6 +365,13 @@ impl Requests {
         debug_assert!(!self.fan.is_active(tag), "tag {tag} reused while active");
         self.stats.inflight.fetch_add(1, Ordering::Relaxed);
         let t = usize::from(tag);
+        if self.cluster.as_ref().is_some_and(|c| c.is_fenced()) {
+            // This host lost the volume: nothing may reach a target (and a
+            // read could return data the new owner already changed).
+            self.tags[t] = TagState::default();
+            self.finish(tag, false);
+            return;
+        }
         self.tags[t] = TagState {
             class: Some(class),
             write,
@@ -366,6 +471,15 @@ impl Requests {
                         }),
                         None => Ok(()),
                     };
+                    if ok.is_ok() && !self.cluster_covers(to) {
+                        // In cluster mode a write that skips a replica
+                        // goes nowhere before etcd records the replica
+                        // out of sync: another host starting the volume
+                        // after a crash must not take it for a source.
+                        let now = self.fan_now();
+                        self.hold_for_cluster(now, HeldStep::Prepared { tag, piece }, to);
+                        continue;
+                    }
                     self.fan.prepared(tag, piece, ok.is_ok());
                 }
                 Action::Send(part) => self.send_part(part, sink),
@@ -395,6 +509,18 @@ impl Requests {
                     out_of_sync,
                 } => {
                     let ok = self.write_missed(part, &range, out_of_sync, sink);
+                    let sent_to = self
+                        .replication
+                        .as_ref()
+                        .map_or(ReplicaSet::EMPTY, |rep| rep.all())
+                        .without(usize::from(part.copy));
+                    if ok && !self.cluster_covers(sent_to) {
+                        // Acknowledged only once etcd records the replica
+                        // out of sync (see BeforeWrite).
+                        let now = self.fan_now();
+                        self.hold_for_cluster(now, HeldStep::Recorded(part), sent_to);
+                        continue;
+                    }
                     self.fan.recorded(part, ok);
                 }
                 Action::AfterWrite { range, sent, .. } => {
@@ -483,6 +609,23 @@ impl Requests {
         }) else {
             return;
         };
+        if done.status == Status::RESERVATION_CONFLICT {
+            // Another host holds the namespace's reservation: it fenced
+            // this one (cluster mode: a newer owner). Not a replica
+            // failure: no replica goes out of sync, nothing is retried on
+            // another replica; the request fails, and so does every later
+            // one in cluster mode.
+            let why = format!(
+                "replica {replica} answered Reservation Conflict: another host holds the namespace's reservation"
+            );
+            match &self.cluster {
+                Some(c) => c.fence_self(why),
+                None => log::error!("{}: tag {}: {why}", self.name, part.tag),
+            }
+            self.fan.failed(part);
+            self.run(sink);
+            return;
+        }
         let ok = done.status.is_success();
         if !ok {
             log::warn!(

@@ -47,16 +47,18 @@ pub mod resync;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use nvmf_initiator::blocking::Controller;
 use qos_core::{Nanos, ReplicaSet};
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::ClusterLink;
 use crate::config::VolumeConfig;
 use crate::error::Error;
 use crate::qos::Route;
+use cluster_store::{HealthRecord, ReplicaStart};
 use health::{FailOutcome, FenceTimes, ReplicaHealth, ReplicaState};
 use intent_log::{IntentLog, Opened, ReplicaSyncState, SyncEpoch};
 use resync::{CopyJob, CopyResult, Next, ResyncConfig, ResyncPlanner};
@@ -124,6 +126,9 @@ pub struct Replication {
     epoch: Instant,
     rate_bps: u64,
     geometry: intent_log::Geometry,
+    /// Cluster mode: where health changes are recorded (set once the
+    /// volume's first record is in etcd).
+    cluster: OnceLock<Arc<ClusterLink>>,
 }
 
 impl Replication {
@@ -140,11 +145,20 @@ impl Replication {
     /// is copied in full from the first (md without a bitmap does the
     /// same). The first is as good a source as any: a write that was not
     /// acknowledged may read as old or new data afterwards.
+    ///
+    /// `cluster`: in cluster mode, etcd's health record (`Some(None)`: the
+    /// volume has none yet). etcd's record, not the local log, then says
+    /// which replicas are in sync, and [`cluster_store::start_plan`] says
+    /// which are copied from the bitmap and which in full; the local log
+    /// is brought in line with it. Without a record in etcd the local log
+    /// stands (a single-host volume moving to cluster mode keeps what it
+    /// knows), as it does without `[cluster]`.
     pub fn open(
         config: &VolumeConfig,
         identities: &[String],
         volume_size: u64,
         recovering: bool,
+        cluster: Option<Option<&HealthRecord>>,
     ) -> Result<Self, Error> {
         let rc = &config.replication;
         let geometry = intent_log::Geometry {
@@ -155,7 +169,33 @@ impl Replication {
         let path = rc.bitmap_path(&config.name);
         let (mut log, opened) = IntentLog::open_or_create(&path, &geometry, identities)
             .map_err(|e| Error::State(e.to_string()))?;
-        if matches!(
+        if let Some(Some(record)) = cluster {
+            let local = match opened {
+                Opened::Created => None,
+                Opened::Existing { clean_shutdown, .. } => {
+                    crate::cluster::local_log(config, clean_shutdown)
+                }
+            };
+            let plan = cluster_store::start_plan(record, local, recovering);
+            apply_plan(&mut log, &plan.replicas, volume_size).map_err(log_err)?;
+            let copies: Vec<String> = plan
+                .replicas
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| **s != ReplicaStart::InSync)
+                .map(|(i, s)| format!("{i} ({s:?})"))
+                .collect();
+            if !copies.is_empty() {
+                log::warn!(
+                    "volume {}: etcd's health record (generation {}{}): source replica {}; to copy: {}",
+                    config.name,
+                    record.generation,
+                    if record.clean_shutdown { "" } else { ", unclean stop" },
+                    plan.source,
+                    copies.join(", ")
+                );
+            }
+        } else if matches!(
             opened,
             Opened::Existing {
                 clean_shutdown: false,
@@ -217,6 +257,7 @@ impl Replication {
             epoch,
             rate_bps: rc.resync_rate_bps,
             geometry,
+            cluster: OnceLock::new(),
         };
         {
             let st = r.lock();
@@ -236,6 +277,39 @@ impl Replication {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Per replica: in sync in the intent log.
+    fn in_sync_of(st: &State) -> Vec<bool> {
+        st.log
+            .replicas()
+            .iter()
+            .map(|r| r.state == ReplicaSyncState::InSync)
+            .collect()
+    }
+
+    /// Per replica: in sync now (what cluster mode records in etcd).
+    pub fn in_sync(&self) -> Vec<bool> {
+        Self::in_sync_of(&self.lock())
+    }
+
+    /// Cluster mode: from now on every change of a replica's sync state is
+    /// recorded in etcd through `link`.
+    pub fn set_cluster(&self, link: Arc<ClusterLink>) {
+        let in_sync = self.in_sync();
+        if self.cluster.set(link).is_ok() {
+            // A change between the first record and now.
+            if let Some(c) = self.cluster.get() {
+                c.want(in_sync);
+            }
+        }
+    }
+
+    /// Tell the cluster (if any) the replicas' sync states changed.
+    fn tell_cluster(&self, st: &State) {
+        if let Some(c) = self.cluster.get() {
+            c.want(Self::in_sync_of(st));
+        }
     }
 
     /// Now on the replication clock.
@@ -384,6 +458,7 @@ impl Replication {
                 .set_state(r, ReplicaSyncState::OutOfSync)
                 .map_err(log_err)?;
             self.publish(&st);
+            self.tell_cluster(&st);
             if was == Some(ReplicaState::InSync)
                 || matches!(was, Some(ReplicaState::Resyncing { .. }))
             {
@@ -636,6 +711,7 @@ impl Replication {
                 let _ = st.health.on_resync_done(r);
                 st.resync = None;
                 self.publish(&st);
+                self.tell_cluster(&st);
                 log::warn!(
                     "volume {}: replica {r} resynced ({copied} bytes copied); in sync",
                     self.name
@@ -693,6 +769,35 @@ fn copy(src: &Copier<'_>, dst: &Copier<'_>, bs: u64, range: &Range<u64>) -> Resu
         .map_err(|e| format!("writing: {e}"))
 }
 
+/// Bring the local log in line with a cluster start plan.
+fn apply_plan(
+    log: &mut IntentLog,
+    plan: &[ReplicaStart],
+    volume_size: u64,
+) -> Result<(), intent_log::IntentLogError> {
+    for (r, start) in plan.iter().enumerate() {
+        let local_in_sync = log.replicas()[r].state == ReplicaSyncState::InSync;
+        match start {
+            ReplicaStart::InSync => {
+                if !local_in_sync {
+                    // Another host resynced it since this log was written.
+                    log.clear_all(r)?;
+                    log.set_state(r, ReplicaSyncState::InSync)?;
+                }
+            }
+            // This host wrote the record, so its log has the replica out
+            // of sync with the bits it misses; if the log says in sync
+            // anyway (recreated), its bits mean nothing: copy in full.
+            ReplicaStart::FromBitmap if !local_in_sync => {}
+            ReplicaStart::FromBitmap | ReplicaStart::FullCopy => {
+                log.mark(r, 0..volume_size)?;
+                log.set_state(r, ReplicaSyncState::OutOfSync)?;
+            }
+        }
+    }
+    log.sync()
+}
+
 fn log_err(e: intent_log::IntentLogError) -> Error {
     Error::State(e.to_string())
 }
@@ -746,7 +851,7 @@ bitmap_dir = "{}"
     fn a_new_volume_copies_replica_0_to_the_others() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = config(dir.path());
-        let r = Replication::open(&cfg, &ids(), SIZE, false).unwrap();
+        let r = Replication::open(&cfg, &ids(), SIZE, false, None).unwrap();
         let st = r.status();
         assert_eq!(st[0].state, "in-sync");
         assert_ne!(st[1].state, "in-sync");
@@ -767,13 +872,13 @@ bitmap_dir = "{}"
         {
             // Taking over a live device: the reissued requests make the
             // replicas converge; nothing to copy.
-            let r = Replication::open(&cfg, &ids(), SIZE, true).unwrap();
+            let r = Replication::open(&cfg, &ids(), SIZE, true, None).unwrap();
             assert!(r.status().iter().all(|s| s.state == "in-sync"));
             assert_eq!(r.route().readable, ReplicaSet::first_n(2));
         }
         // That open did not stop cleanly either: a fresh start now copies
         // replica 1 in full from replica 0.
-        let r = Replication::open(&cfg, &ids(), SIZE, false).unwrap();
+        let r = Replication::open(&cfg, &ids(), SIZE, false, None).unwrap();
         let st = r.status();
         assert_eq!(st[0].state, "in-sync");
         assert_eq!(st[1].state, "fencing");
@@ -781,7 +886,7 @@ bitmap_dir = "{}"
         assert_eq!(r.route().readable, ReplicaSet::one(0));
         drop(r);
         // A clean stop is remembered: the next start copies nothing new.
-        let r = Replication::open(&cfg, &ids(), SIZE, false).unwrap();
+        let r = Replication::open(&cfg, &ids(), SIZE, false, None).unwrap();
         assert_eq!(r.status()[1].dirty_regions, 16, "still owed from before");
         r.close_clean();
     }
@@ -791,7 +896,7 @@ bitmap_dir = "{}"
         let dir = tempfile::tempdir().unwrap();
         let cfg = config(dir.path());
         unclean_all_in_sync(&cfg);
-        let r = Replication::open(&cfg, &ids(), SIZE, true).unwrap();
+        let r = Replication::open(&cfg, &ids(), SIZE, true, None).unwrap();
         // Healthy: nothing recorded.
         r.before_write(&(0..4096), r.all()).unwrap();
         r.after_write(&(0..4096), r.all());
