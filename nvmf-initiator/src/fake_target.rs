@@ -61,6 +61,9 @@ pub enum Fault {
     /// An Internal Error status instead of doing the command (a failing
     /// device behind a healthy connection).
     ErrorStatus,
+    /// A Reservation Conflict status instead of doing the command (another
+    /// host holds the namespace's reservation).
+    ReservationConflict,
 }
 
 /// When a [`Fault`] fires.
@@ -727,6 +730,9 @@ impl FakeConnection {
             Some(Fault::Silence | Fault::Close | Fault::TermReq) => return,
             Some(Fault::ErrorStatus) => {
                 return self.respond(Cqe::new(sqe.cid, Status::INTERNAL_ERROR));
+            }
+            Some(Fault::ReservationConflict) => {
+                return self.respond(Cqe::new(sqe.cid, Status::RESERVATION_CONFLICT));
             }
             Some(Fault::BadPlen) => {
                 let mut b = Vec::new();

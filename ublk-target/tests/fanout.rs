@@ -12,9 +12,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cluster_store::testing::EtcdCluster;
+use cluster_store::{AttachMode, StoreConfig, VolumeKeys};
 use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget, Fault, Trigger};
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
+use ublk_target::cluster::{self, ClusterLink};
 use ublk_target::config::VolumeConfig;
 use ublk_target::io::requests::{PartSink, Requests, Submission, TagBuf};
 use ublk_target::qos::{LimitKind, QueueQos, VolumeQos};
@@ -118,14 +121,44 @@ struct Rig {
     rep: Arc<Replication>,
     /// Per tag: its I/O buffer (the ublk queue's, in the engine).
     bufs: Vec<Box<[u8]>>,
-    _dir: tempfile::TempDir,
+    /// Cluster mode: the volume's link to etcd.
+    cluster: Option<Arc<ClusterLink>>,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+/// Cluster mode for a [`Rig`]: etcd's endpoints, and who this host is.
+struct ClusterRig<'a> {
+    endpoints: &'a [String],
+    host: &'a str,
+    mode: AttachMode,
 }
 
 impl Rig {
     /// `faults[r]`: the fault replica r's target injects.
     fn new(faults: &[Option<(Fault, Trigger)>]) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        Self::build(faults, dir, None, true).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A rig in cluster mode, its intent log in `dir` (this "host"'s state
+    /// directory; a fresh one stands for another host); `all_in_sync`: a
+    /// log recording every replica in sync is prepared first.
+    fn clustered(
+        faults: &[Option<(Fault, Trigger)>],
+        dir: Arc<tempfile::TempDir>,
+        c: ClusterRig<'_>,
+        all_in_sync: bool,
+    ) -> Result<Self, ublk_target::error::Error> {
+        Self::build(faults, dir, Some(c), all_in_sync)
+    }
+
+    fn build(
+        faults: &[Option<(Fault, Trigger)>],
+        dir: Arc<tempfile::TempDir>,
+        cluster: Option<ClusterRig<'_>>,
+        prepare: bool,
+    ) -> Result<Self, ublk_target::error::Error> {
         let n = faults.len();
-        let dir = tempfile::tempdir().unwrap();
         let mut toml = String::from("name = \"fan\"\n");
         for r in 0..n {
             toml += &format!(
@@ -137,14 +170,37 @@ impl Rig {
             "[qos]\ncredits = \"off\"\n[replication]\nread_policy = \"primary\"\nregion_size = \"1m\"\nbitmap_dir = \"{}\"\n",
             dir.path().display()
         );
+        if let Some(c) = &cluster {
+            let eps: Vec<String> = c.endpoints.iter().map(|e| format!("{e:?}")).collect();
+            toml += &format!(
+                "[cluster]\nendpoints = [{}]\nprefix = \"/fanout\"\nlease_ttl = 3\nop_timeout_ms = 500\nhealth_wait = 120\n",
+                eps.join(", ")
+            );
+        }
         let mut cfg = VolumeConfig::parse(Path::new("fan.toml"), &toml).expect("config");
         // A short fence, so a test can wait for a replica to return.
         cfg.keep_alive = Duration::from_millis(10);
         cfg.io_timeout = Duration::from_millis(10);
         let ids: Vec<String> = (0..n).map(|r| format!("r{r} nsid 1")).collect();
-        all_in_sync(&cfg, &ids);
-        let rep = Arc::new(Replication::open(&cfg, &ids, SIZE, false, None).expect("replication"));
-        assert!(rep.status().iter().all(|s| s.state == "in-sync"));
+        if prepare {
+            all_in_sync(&cfg, &ids);
+        }
+        let attachment = match &cluster {
+            Some(c) => Some(cluster::attach(&cfg, c.host, c.mode)?),
+            None => None,
+        };
+        let rep = Arc::new(Replication::open(
+            &cfg,
+            &ids,
+            SIZE,
+            false,
+            attachment
+                .as_ref()
+                .map(|a| a.health.as_ref().map(|(h, _)| h)),
+        )?);
+        if cluster.is_none() {
+            assert!(rep.status().iter().all(|s| s.state == "in-sync"));
+        }
         let now = Instant::now();
         let links = faults
             .iter()
@@ -173,7 +229,7 @@ impl Rig {
             n,
             cfg.replication.read_policy,
         );
-        let req = Requests::new(
+        let mut req = Requests::new(
             cfg.name.clone(),
             vec![1; n],
             Some(Arc::clone(&rep)),
@@ -181,7 +237,16 @@ impl Rig {
             qos,
             DEPTH,
         );
-        Rig {
+        let cluster = match attachment {
+            Some(a) => {
+                let link = a.start(Some(rep.in_sync()), &cluster::spec_of(&cfg))?;
+                rep.set_cluster(Arc::clone(&link));
+                req.set_cluster(Arc::clone(&link));
+                Some(link)
+            }
+            None => None,
+        };
+        Ok(Rig {
             req,
             net: Net {
                 links,
@@ -192,8 +257,9 @@ impl Rig {
             bufs: (0..DEPTH)
                 .map(|_| vec![0u8; IO].into_boxed_slice())
                 .collect(),
+            cluster,
             _dir: dir,
-        }
+        })
     }
 
     fn now(&self) -> qos_core::Nanos {
@@ -518,4 +584,226 @@ fn many_requests_survive_a_replica_loss_between_any_two_steps() {
         }
         assert_eq!(rig.req.fan_out().active(), 0);
     }
+}
+
+// Cluster mode: the same core with its health record in a real
+// three-member etcd on loopback (cluster-store's test cluster; these tests
+// fail, never skip, without Debian's etcd-server).
+
+const HOST_A: &str = "nqn.2026-01.io.test:host-a";
+const HOST_B: &str = "nqn.2026-01.io.test:host-b";
+
+fn cluster_rig<'a>(endpoints: &'a [String], host: &'a str) -> ClusterRig<'a> {
+    ClusterRig {
+        endpoints,
+        host,
+        mode: AttachMode::Attach,
+    }
+}
+
+/// Tick the rig (as the engine does every 50 ms) until `done`, for at most
+/// `within`; whether `done` came.
+fn tick_until(rig: &mut Rig, within: Duration, mut done: impl FnMut(&mut Rig) -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = rig.req.now(Instant::now());
+        rig.req.cluster_tick(now, &mut rig.net);
+        rig.pump();
+        if done(rig) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn health_in_etcd(etcd: &EtcdCluster) -> cluster_store::HealthRecord {
+    let store = cluster_store::Store::connect(StoreConfig {
+        endpoints: etcd.endpoints(),
+        op_timeout: Duration::from_secs(2),
+    })
+    .unwrap();
+    store
+        .read(&VolumeKeys::new("/fanout", "fan"), "fan")
+        .unwrap()
+        .health
+        .expect("a health record")
+}
+
+#[test]
+fn cluster_a_write_that_skips_a_replica_waits_for_etcd_and_a_lost_quorum_holds_only_those() {
+    let mut etcd = EtcdCluster::start(3);
+    let eps = etcd.endpoints();
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let mut rig = Rig::clustered(&[None, None], dir, cluster_rig(&eps, HOST_A), true).unwrap();
+    let link = rig.cluster.clone().unwrap();
+    assert_eq!(link.status().health_generation, 1);
+    assert_eq!(health_in_etcd(&etcd).in_sync_set(), vec![true, true]);
+    // Healthy: writes reach every replica and need nothing from etcd.
+    rig.write(0, 0, &pattern(1));
+    rig.pump();
+    assert_eq!(rig.result(0), Some(true));
+
+    // Quorum lost, then replica 1 fails: a write now skips it.
+    etcd.kill(0);
+    etcd.kill(1);
+    rig.cut(1);
+    rig.write(1, 1 << 20, &pattern(2));
+    assert!(!tick_until(&mut rig, Duration::from_secs(2), |r| r
+        .req
+        .take_result(1)
+        .is_some()));
+    let st = link.status();
+    assert_eq!(st.writes_waiting, 1, "{st:?}");
+    assert!(
+        st.pending_change.as_deref().unwrap_or("").contains("[1]"),
+        "{st:?}"
+    );
+    assert!(!st.etcd_reachable, "{st:?}");
+    assert!(
+        !rig.holds(0, 1 << 20, &pattern(2)),
+        "nothing was sent before etcd records replica 1 out of sync"
+    );
+    // A read needs no health change: it goes on.
+    rig.read(2, 0);
+    rig.pump();
+    assert_eq!(rig.result(2), Some(true));
+    assert_eq!(&rig.bufs[2][..], &pattern(1)[..]);
+
+    // Quorum back: the record is written and the write completes.
+    etcd.restart(0);
+    etcd.restart(1);
+    let mut result = None;
+    assert!(tick_until(&mut rig, Duration::from_secs(60), |r| {
+        result = r.req.take_result(1);
+        result.is_some()
+    }));
+    assert_eq!(result, Some(true));
+    assert!(rig.holds(0, 1 << 20, &pattern(2)));
+    assert_eq!(health_in_etcd(&etcd).in_sync_set(), vec![true, false]);
+    let st = link.status();
+    assert_eq!((st.writes_waiting, st.pending_change), (0, None));
+    assert_eq!(st.health_generation, 2);
+    assert!(
+        tick_until(&mut rig, Duration::from_secs(30), |_| link
+            .status()
+            .etcd_reachable),
+        "keep-alives get through again"
+    );
+    link.stop_and_wait(true);
+}
+
+#[test]
+fn cluster_the_next_owner_starts_from_etcds_record_and_the_same_host_from_its_bitmap() {
+    let etcd = EtcdCluster::start(3);
+    let eps = etcd.endpoints();
+    let dir_a = Arc::new(tempfile::tempdir().unwrap());
+    let a_again = |all_in_sync| {
+        Rig::clustered(
+            &[None, None],
+            dir_a.clone(),
+            cluster_rig(&eps, HOST_A),
+            all_in_sync,
+        )
+    };
+    let mut a = a_again(true).unwrap();
+    a.cut(1);
+    a.write(0, 1 << 20, &pattern(3));
+    assert!(tick_until(&mut a, Duration::from_secs(30), |r| r
+        .req
+        .take_result(0)
+        .is_some()));
+    assert_eq!(a.rep.status()[1].dirty_regions, 1);
+    // A clean stop; the same host returns and nobody came between: its
+    // bitmap is trusted (one region to copy, not the whole volume).
+    a.rep.close_clean();
+    a.cluster.clone().unwrap().stop_and_wait(true);
+    drop(a);
+    let a2 = a_again(false).unwrap();
+    assert_eq!(a2.rep.status()[1].dirty_regions, 1, "from the bitmap");
+    // Now host a dies (its lease runs out by itself).
+    a2.cluster.clone().unwrap().halt();
+    drop(a2);
+
+    // Host b, whose own log (a stale one) says every replica is in sync:
+    // refused while a's lease lives, naming a; then it attaches and starts
+    // from etcd's record: replica 0 the source, replica 1 copied in full.
+    let dir_b = Arc::new(tempfile::tempdir().unwrap());
+    let b_try = || {
+        Rig::clustered(
+            &[None, None],
+            dir_b.clone(),
+            cluster_rig(&eps, HOST_B),
+            true,
+        )
+    };
+    let e = b_try().err().expect("a still owns the volume");
+    assert!(e.to_string().contains(HOST_A), "{e}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let b = loop {
+        match b_try() {
+            Ok(b) => break b,
+            Err(e) if Instant::now() < deadline => {
+                assert!(e.to_string().contains(HOST_A), "{e}");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Err(e) => panic!("a's lease never ran out: {e}"),
+        }
+    };
+    assert_eq!(b.state(0), "in-sync");
+    assert_ne!(b.state(1), "in-sync");
+    assert_eq!(
+        b.rep.status()[1].dirty_regions,
+        SIZE >> 20,
+        "another host's bitmap is not here: a full copy"
+    );
+    let h = health_in_etcd(&etcd);
+    assert!(h.epoch > 1 && !h.clean_shutdown);
+    b.rep.close_clean();
+    b.cluster.clone().unwrap().stop_and_wait(true);
+    assert!(health_in_etcd(&etcd).clean_shutdown);
+    drop(b);
+
+    // Host a returns: b wrote the record since, so a's bitmap is not
+    // trusted any more: a full copy.
+    let a3 = a_again(false).unwrap();
+    assert_eq!(a3.rep.status()[1].dirty_regions, SIZE >> 20);
+    assert_eq!(health_in_etcd(&etcd).in_sync_set(), vec![true, false]);
+    a3.cluster.clone().unwrap().stop_and_wait(true);
+}
+
+#[test]
+fn cluster_a_reservation_conflict_fences_the_host_and_takes_no_replica_out() {
+    let etcd = EtcdCluster::start(3);
+    let eps = etcd.endpoints();
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let mut rig = Rig::clustered(
+        &[None, Some((Fault::ReservationConflict, Trigger::NthIo(0)))],
+        dir,
+        cluster_rig(&eps, HOST_A),
+        true,
+    )
+    .unwrap();
+    let link = rig.cluster.clone().unwrap();
+    rig.write(0, 0, &pattern(6));
+    rig.pump();
+    assert_eq!(rig.result(0), Some(false), "the write fails");
+    assert!(link.is_fenced());
+    assert!(link
+        .status()
+        .fenced
+        .unwrap()
+        .contains("Reservation Conflict"));
+    assert_eq!(rig.state(1), "in-sync", "not a replica failure");
+    assert!(rig.net.resets.is_empty(), "nothing is reset or retried");
+    // From now on nothing reaches a target, reads included.
+    let before = rig.net.links[0].target.data()[..IO].to_vec();
+    rig.write(1, 0, &pattern(7));
+    rig.read(2, 0);
+    rig.pump();
+    assert_eq!((rig.result(1), rig.result(2)), (Some(false), Some(false)));
+    assert_eq!(rig.net.links[0].target.data()[..IO], before[..]);
+    assert_eq!(health_in_etcd(&etcd).in_sync_set(), vec![true, true]);
 }

@@ -458,6 +458,14 @@ impl ClusterLink {
         }
     }
 
+    /// Stops the agent without giving the volume up, as if this process
+    /// had died: the owner key stays until its lease runs out. For tests of
+    /// what the next owner finds.
+    pub fn halt(&self) {
+        self.fence_self("halted".into());
+        self.stop_and_wait(false);
+    }
+
     /// The agent loop: keep-alives, ownership checks, health writes.
     fn run_agent(&self, store: Store) {
         let period = self.cfg.lease_ttl / 3;

@@ -1246,6 +1246,56 @@ nsid = 2
 "#;
 
     #[test]
+    fn cluster_section_parses_and_names_bad_fields() {
+        assert_eq!(parse(GOOD).unwrap().cluster, None, "no etcd by default");
+        let c = parse(&format!(
+            "{GOOD}[cluster]\nendpoints = [\"10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\nprefix = \"/p/\"\n"
+        ))
+        .unwrap()
+        .cluster
+        .unwrap();
+        assert_eq!(
+            c.endpoints,
+            vec!["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+        );
+        assert_eq!(c.prefix, "/p");
+        assert_eq!(c.lease_ttl, Duration::from_secs(10));
+        assert_eq!(c.op_timeout, Duration::from_millis(2000));
+        assert_eq!(c.health_wait, Duration::from_secs(60));
+        let bad = |body: &str| parse(&format!("{GOOD}[cluster]\n{body}")).unwrap_err();
+        for (body, field, says) in [
+            ("endpoints = []\n", "cluster.endpoints", "at least one"),
+            ("endpoints = [\"etcd\"]\n", "cluster.endpoints", "HOST:PORT"),
+            (
+                "endpoints = [\"https://e:2379\"]\n",
+                "cluster.endpoints",
+                "TLS",
+            ),
+            (
+                "endpoints = [\"e:1\"]\nprefix = \"x\"\n",
+                "cluster.prefix",
+                "'/'",
+            ),
+            (
+                "endpoints = [\"e:1\"]\nlease_ttl = 1\n",
+                "cluster.lease_ttl",
+                "",
+            ),
+            (
+                "endpoints = [\"e:1\"]\nlease_ttl = 3\nop_timeout_ms = 1500\n",
+                "cluster.op_timeout_ms",
+                "third",
+            ),
+            ("endpoints = [\"e:1\"]\nleas_ttl = 3\n", "leas_ttl", ""),
+        ] {
+            let e = bad(body);
+            assert!(e.field.contains(field), "{body}: {e}");
+            assert!(e.to_string().contains(says), "{body}: {e}");
+            assert!(e.line >= 9, "{body}: {e}");
+        }
+    }
+
+    #[test]
     fn a_single_target_is_the_only_replica() {
         let c = parse(GOOD).unwrap();
         assert_eq!(c.replicas, vec![c.target.clone()]);
