@@ -2,7 +2,7 @@
 # Builds the guest initramfs (an uncompressed newc cpio, the fastest for the
 # kernel to unpack) from: busybox, the modules in modules.list and their
 # dependencies (decompressed, since busybox modprobe cannot load .ko.xz), the
-# host's fio, mke2fs, e2fsck, nvme-cli and dmsetup, the project's release
+# host's fio, mke2fs, e2fsck, nvme-cli, dmsetup and etcd, the project's release
 # binaries when built, the shared libraries all of these load, and the guest
 # scripts.
 #
@@ -63,7 +63,7 @@ copy_with_libs() {
         cp -L "$lib" "$root$lib"
     done
 }
-for tool in fio mke2fs e2fsck nvme blkdiscard dmsetup; do
+for tool in fio mke2fs e2fsck nvme blkdiscard dmsetup etcd; do
     path=$(command -v "$tool" || true)
     if [ -z "$path" ]; then
         echo "initramfs: host tool $tool not found (run tests/vm/setup-host.sh)" >&2
