@@ -41,6 +41,7 @@
 //! lease_ttl = 10          # seconds: how long a silent owner keeps the volume
 //! op_timeout_ms = 2000    # bound on one etcd request
 //! health_wait = 60        # seconds a write that needs a health change waits for etcd
+//! fencing = "reservations"  # reservations | none
 //! ```
 //!
 //! A replicated volume:
@@ -146,6 +147,21 @@ pub struct ClusterConfig {
     /// How long a write that needs a replica health change recorded in
     /// etcd waits for it before it fails.
     pub health_wait: Duration,
+    /// How older owners are kept off the targets.
+    pub fencing: Fencing,
+}
+
+/// `[cluster] fencing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fencing {
+    /// A Write Exclusive NVMe reservation per replica namespace, keyed by
+    /// the attach epoch (the default; every target must support
+    /// reservations).
+    Reservations,
+    /// None: an older owner that still runs (paused, cut off) could write.
+    /// Only for targets without reservations, with another fence (e.g.
+    /// the old host powered off) in place.
+    None,
 }
 
 impl ClusterConfig {
@@ -274,6 +290,7 @@ struct RawCluster {
     lease_ttl: Option<Spanned<i64>>,
     op_timeout_ms: Option<Spanned<i64>>,
     health_wait: Option<Spanned<i64>>,
+    fencing: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -597,7 +614,16 @@ fn parse_cluster(cx: &Ctx<'_>, c: &RawCluster) -> Result<ClusterConfig, ConfigEr
         e.field = "cluster.op_timeout_ms".into();
         return Err(e);
     }
+    let fencing = match &c.fencing {
+        None => Fencing::Reservations,
+        Some(f) => match f.get_ref().as_str() {
+            "reservations" => Fencing::Reservations,
+            "none" => Fencing::None,
+            _ => return Err(cx.err(f, "cluster.fencing", "one of \"reservations\", \"none\"")),
+        },
+    };
     Ok(ClusterConfig {
+        fencing,
         endpoints,
         prefix,
         lease_ttl: Duration::from_secs(ttl as u64),
@@ -1262,6 +1288,7 @@ nsid = 2
         assert_eq!(c.lease_ttl, Duration::from_secs(10));
         assert_eq!(c.op_timeout, Duration::from_millis(2000));
         assert_eq!(c.health_wait, Duration::from_secs(60));
+        assert_eq!(c.fencing, Fencing::Reservations);
         let bad = |body: &str| parse(&format!("{GOOD}[cluster]\n{body}")).unwrap_err();
         for (body, field, says) in [
             ("endpoints = []\n", "cluster.endpoints", "at least one"),
@@ -1287,6 +1314,11 @@ nsid = 2
                 "third",
             ),
             ("endpoints = [\"e:1\"]\nleas_ttl = 3\n", "leas_ttl", ""),
+            (
+                "endpoints = [\"e:1\"]\nfencing = \"yes\"\n",
+                "cluster.fencing",
+                "none",
+            ),
         ] {
             let e = bad(body);
             assert!(e.field.contains(field), "{body}: {e}");
