@@ -17,10 +17,13 @@ set -euo pipefail
 #   man-db                    `man --warnings -l` on the generated man pages
 #   dpkg-dev lintian debootstrap  building the Debian packages (dpkg-shlibdeps),
 #                             checking them, a clean root to install them in
+#   prometheus                `promtool check metrics`: the metrics tests parse both
+#                             daemons' /metrics output with Prometheus' own parser
+#                             (the package's service is never enabled by the tests)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
-    libbpf-dev bpftool man-db dpkg-dev lintian debootstrap
+    libbpf-dev bpftool man-db dpkg-dev lintian debootstrap prometheus
 )
 
 missing=()
