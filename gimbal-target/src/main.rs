@@ -36,6 +36,11 @@ enum Command {
         /// `gimbal-view ...` line each) every SECS seconds; 0 turns it off.
         #[arg(long, value_name = "SECS", default_value_t = 10)]
         status_interval: u64,
+        /// Serve Prometheus metrics at http://ADDR/metrics (IP:port),
+        /// overriding `[metrics] listen` in the config. Use loopback or a
+        /// management network: the page names every tenant's host NQN.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Predict per-class throughput and worst-case latency under weighted
     /// class arbitration (ionice paper Equations 1-3), e.g.
@@ -95,9 +100,13 @@ fn main() -> ExitCode {
         Command::Run {
             config,
             status_interval,
+            metrics_listen,
         } => TargetConfig::load(&config)
             .map_err(anyhow::Error::from)
-            .and_then(|c| {
+            .and_then(|mut c| {
+                if metrics_listen.is_some() {
+                    c.metrics_listen = metrics_listen;
+                }
                 gimbal_target::server::run_with_status(
                     c,
                     Some(std::time::Duration::from_secs(status_interval)),

@@ -24,6 +24,7 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// closed after each response (`Connection: close`): scrapes come every
 /// few seconds, and a thread per connection would let a client make the
 /// daemon spawn threads. Stopped on drop.
+#[derive(Debug)]
 pub struct MetricsServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,

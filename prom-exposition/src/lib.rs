@@ -10,6 +10,8 @@
 //!   atomics from I/O threads (no lock, no allocation per observation).
 //! - [`MetricsServer`]: answers `GET /metrics` over HTTP/1.1 on a std
 //!   `TcpListener` thread.
+//! - [`check`]: for the daemons' tests: scrape, and check with
+//!   `promtool check metrics`.
 //!
 //! Why hand-written rather than the `prometheus` or `metrics` crates: the
 //! daemons already keep their counters (`ublk-nvmf status`, the Gimbal
@@ -22,6 +24,7 @@
 //! memory: it is meant for loopback or a management network, not to be
 //! exposed to tenants.
 
+pub mod check;
 mod encode;
 mod histogram;
 mod http;
