@@ -89,9 +89,24 @@ pub fn run(config: VolumeConfig, announce: bool) -> anyhow::Result<()> {
     let dir = state::run_dir();
     let recover = recovery_target(&dir, &config.name)?;
     let vol = open_volume(&config, recover.as_ref())?;
+    let device = Arc::new(std::sync::OnceLock::new());
+    let _metrics = match config.metrics_listen {
+        Some(addr) => {
+            let m = ublk_target::metrics::serve(Arc::clone(&vol), Arc::clone(&device), addr)
+                .with_context(|| format!("volume {}: metrics on {addr}", config.name))?;
+            log::info!(
+                "volume {}: metrics on http://{}/metrics",
+                config.name,
+                m.local_addr()
+            );
+            Some(m)
+        }
+        None => None,
+    };
     let stop = stop_on_signals();
     let manager = ReplicationManager::start(&vol);
     let live = DeviceLive {
+        device,
         vol: Arc::clone(&vol),
         dir: dir.clone(),
         config_path: std::fs::canonicalize(&config.path).unwrap_or(config.path.clone()),
@@ -148,6 +163,8 @@ fn open_volume(
 /// What happens once the device is live (called by `ublk::serve` from its
 /// own thread).
 struct DeviceLive {
+    /// The device's path once live, for the metrics page.
+    device: Arc<std::sync::OnceLock<String>>,
     vol: Arc<Volume>,
     dir: std::path::PathBuf,
     config_path: std::path::PathBuf,
@@ -172,6 +189,7 @@ impl DeviceLive {
             target: vol.identity.clone(),
         };
         let device = st.device();
+        let _ = self.device.set(device.clone());
         if let Err(e) = state::save(&self.dir, &st) {
             log::error!("saving state: {e}");
         }
@@ -467,14 +485,32 @@ fn format_replicas(s: &ublk_target::volume::StatsSnapshot) -> String {
                 .map_or_else(|| "none".to_owned(), |c| c.to_string())
         );
         if r.status.state == "resyncing" {
-            out += &format!(
-                ", resync copied {} bytes, {} regions left",
-                r.status.resync_bytes, r.status.resync_regions_left
-            );
+            out += &format!(", resync {}", format_resync(&r.status));
         }
         out += "\n";
     }
     out
+}
+
+/// `copied 12.0 MiB (40%), 30 regions left, about 1m05s left`.
+fn format_resync(s: &ublk_target::replication::ReplicaStatus) -> String {
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let total = s.resync_bytes + s.resync_bytes_left;
+    let pct = if total > 0 {
+        format!(" ({:.0}%)", 100.0 * s.resync_bytes as f64 / total as f64)
+    } else {
+        String::new()
+    };
+    let eta = match s.resync_seconds_left {
+        Some(t) if t >= 3600 => format!("about {}h{:02}m left", t / 3600, t % 3600 / 60),
+        Some(t) => format!("about {}m{:02}s left", t / 60, t % 60),
+        None => "time left unknown".into(),
+    };
+    format!(
+        "copied {:.1} MiB{pct}, {} regions left, {eta}",
+        mib(s.resync_bytes),
+        s.resync_regions_left
+    )
 }
 
 fn format_priority(p: &ublk_target::volume::PrioritySnapshot) -> String {

@@ -54,6 +54,11 @@ enum Cmd {
         /// Volume config file (TOML).
         #[arg(long)]
         config: std::path::PathBuf,
+        /// Serve Prometheus metrics at http://ADDR/metrics (IP:port),
+        /// overriding `[metrics] listen` in the volume file. One port per
+        /// volume; loopback or a management network only.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Start a volume in the background; prints its device once live.
     /// Either from a volume file (--config), or in one line with nvme-cli's
@@ -579,9 +584,17 @@ fn main() -> ExitCode {
         Cmd::Discover(t) => cmd_discover(t).map(|_| true),
         Cmd::Identify(s) => cmd_identify(s).map(|_| true),
         Cmd::Bench(b) => cmd_bench(b),
-        Cmd::Run { config } => ublk_target::config::VolumeConfig::load(config)
+        Cmd::Run {
+            config,
+            metrics_listen,
+        } => ublk_target::config::VolumeConfig::load(config)
             .map_err(anyhow::Error::from)
-            .and_then(|c| daemon::run(c, true))
+            .and_then(|mut c| {
+                if metrics_listen.is_some() {
+                    c.metrics_listen = *metrics_listen;
+                }
+                daemon::run(c, true)
+            })
             .map(|_| true),
         Cmd::Add { config, connect } => match (config, connect.given()) {
             (Some(_), true) => Err(anyhow!(

@@ -35,6 +35,8 @@
 //! resync_rate = "64m"     # bytes/s of background resync (k/m/g; 0: unlimited)
 //! region_size = "1m"      # bytes per write-intent bit (power of two)
 //! bitmap_dir = "/var/lib/ublk-nvmf"  # NAME.bitmap lives here
+//! [metrics]               # Prometheus: GET http://LISTEN/metrics; off if absent
+//! listen = "127.0.0.1:9750"  # one port per volume (each volume is a process)
 //! ```
 //!
 //! A replicated volume:
@@ -119,6 +121,11 @@ pub struct VolumeConfig {
     pub qos: QosConfig,
     /// I/O priority classes (`[priority]`).
     pub priority: PriorityConfig,
+    /// `[metrics] listen`: where this volume's server answers Prometheus'
+    /// `GET /metrics`; `None` (the default): no listener. Each volume is
+    /// its own process, so each needs its own port; loopback or a
+    /// management network only.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Most replicas a volume may have: a write goes to every one of them, and
@@ -227,6 +234,15 @@ struct Raw {
     qos: RawQos,
     #[serde(default)]
     priority: RawPriority,
+    #[serde(default)]
+    metrics: RawMetrics,
+}
+
+/// `[metrics]`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -441,7 +457,9 @@ impl VolumeConfig {
         }
         let qos = parse_qos(&cx, &raw.qos)?;
         let priority = parse_priority(&cx, &raw.priority)?;
+        let metrics_listen = cx.listen_addr(&raw.metrics.listen, "metrics.listen")?;
         Ok(Self {
+            metrics_listen,
             path: path.to_path_buf(),
             name: raw.name.get_ref().clone(),
             target: replicas[0].clone(),
@@ -1003,6 +1021,17 @@ queues = 2
 
         let e = parse(&format!("{GOOD}[host]\nnqn = \"nqn.x\"\nid = \"zz\"\n")).unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (10, "host.id"));
+
+        let e = parse(&format!("{GOOD}[metrics]\nlisten = \"localhost\"\n")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (9, "metrics.listen"));
+        assert!(e.to_string().contains("not an IP:port"), "{e}");
+    }
+
+    #[test]
+    fn metrics_are_off_unless_a_listen_address_is_given() {
+        assert_eq!(parse(GOOD).unwrap().metrics_listen, None);
+        let c = parse(&format!("{GOOD}[metrics]\nlisten = \"[::1]:9751\"\n")).unwrap();
+        assert_eq!(c.metrics_listen, Some("[::1]:9751".parse().unwrap()));
     }
 
     #[test]
