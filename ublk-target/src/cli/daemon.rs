@@ -742,22 +742,90 @@ pub fn list(json: bool) -> anyhow::Result<()> {
         println!("{}", list_json(&states, pid_alive));
         return Ok(());
     }
-    println!("{:<20} {:<14} {:<10} TARGET", "VOLUME", "DEVICE", "SERVER");
-    for s in states {
-        let server = if pid_alive(s.pid) {
-            format!("pid {}", s.pid)
-        } else {
-            "dead".into()
-        };
-        println!(
-            "{:<20} {:<14} {:<10} {}",
-            s.volume,
-            s.device(),
-            server,
-            s.target.subnqn
-        );
-    }
+    print!("{}", list_table(&states, pid_alive, config_targets));
     Ok(())
+}
+
+/// The `address:port` of every target (replica) in a volume's config
+/// file, comma-separated; `-` when the file cannot be read any more.
+fn config_targets(s: &DeviceState) -> String {
+    match VolumeConfig::load(&s.config) {
+        Ok(c) => c
+            .replicas
+            .iter()
+            .map(|t| format!("{}:{}", t.address, t.port))
+            .collect::<Vec<_>>()
+            .join(","),
+        Err(_) => "-".into(),
+    }
+}
+
+/// `list` as `nvme list` reads: one line per device, columns aligned to
+/// their widest cell, the device node first. Every cell but the last two
+/// is one word, so `awk '$2 == "vol0" {print $1}'` finds a device; `PID`
+/// is `dead` for a device whose server is gone (`ublk-nvmf recover`).
+fn list_table(
+    states: &[DeviceState],
+    alive: impl Fn(u32) -> bool,
+    targets: impl Fn(&DeviceState) -> String,
+) -> String {
+    let header = [
+        "Node", "Name", "PID", "Target", "SubNQN", "NSID", "Usage", "Format",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    for s in states {
+        let g = &s.target.geometry;
+        rows.push(vec![
+            s.device(),
+            s.volume.clone(),
+            if alive(s.pid) {
+                s.pid.to_string()
+            } else {
+                "dead".into()
+            },
+            targets(s),
+            s.target.subnqn.clone(),
+            g.nsid.to_string(),
+            human_bytes(g.blocks * u64::from(g.block_size)),
+            format!("{} B", g.block_size),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (i, r) in rows.iter().enumerate() {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out += line.join("  ").trim_end();
+        out.push('\n');
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            out += &rule.join("  ");
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Bytes in binary units with two decimals, as `nvme list` prints sizes
+/// (it uses decimal units; ublk sizes are set in binary ones).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }
 
 /// `list --json`, schema 1 (docs/architecture.md): fields are only ever
@@ -805,5 +873,109 @@ pub fn udev_name(kernel: &str) -> anyhow::Result<()> {
             Ok(())
         }
         None => bail!("{kernel} is not a ublk-nvmf device"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ublk_target::io::mapping::Geometry;
+    use ublk_target::volume::TargetIdentity;
+
+    fn state(volume: &str, dev_id: u32, pid: u32, gib: u64) -> DeviceState {
+        DeviceState {
+            volume: volume.into(),
+            config: format!("/etc/ublk-nvmf/{volume}.toml").into(),
+            dev_id,
+            pid,
+            target: TargetIdentity {
+                subnqn: "nqn.2026-01.io.gimbal:demo".into(),
+                serial: "S1".into(),
+                nguid: "00".repeat(16),
+                geometry: Geometry {
+                    nsid: 1,
+                    block_size: 512,
+                    blocks: gib << 21,
+                    max_io_bytes: 1 << 20,
+                    volatile_cache: false,
+                    discard: true,
+                    write_zeroes: true,
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn list_is_a_table_like_nvme_list() {
+        let states = [
+            state("vol0", 0, 812, 1),
+            state("mirror-long-name", 12, 999, 2048),
+        ];
+        let t = list_table(
+            &states,
+            |pid| pid == 812,
+            |s| {
+                if s.volume == "vol0" {
+                    "127.0.0.1:4420".into()
+                } else {
+                    "10.0.0.1:4420,10.0.0.2:4420".into()
+                }
+            },
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(
+            lines[0].starts_with("Node          Name              PID   Target"),
+            "{t}"
+        );
+        assert!(
+            lines[1].starts_with("------------  ----------------  ----  ---"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("/dev/ublkb0   vol0              812   127.0.0.1:4420 "),
+            "{t}"
+        );
+        assert!(lines[2].ends_with("  1     1.00 GiB  512 B"), "{t}");
+        assert!(
+            lines[3]
+                .starts_with("/dev/ublkb12  mirror-long-name  dead  10.0.0.1:4420,10.0.0.2:4420"),
+            "{t}"
+        );
+        assert!(lines[3].ends_with("2.00 TiB  512 B"), "{t}");
+        // Every column starts at the same place on every line.
+        let col = |l: &str, word: &str| l.find(word).unwrap();
+        assert_eq!(col(lines[0], "SubNQN"), col(lines[2], "nqn."));
+        assert_eq!(col(lines[0], "SubNQN"), col(lines[3], "nqn."));
+        // Scripts find a device by name with awk.
+        let dev: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.split_whitespace().nth(1) == Some("vol0"))
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(dev, ["/dev/ublkb0"]);
+    }
+
+    #[test]
+    fn an_empty_list_is_the_header() {
+        let t = list_table(&[], |_| true, |_| String::new());
+        assert_eq!(t.lines().count(), 2);
+        assert!(t.starts_with("Node  Name  PID  Target  SubNQN  NSID  Usage  Format\n"));
+    }
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(256 << 20), "256.00 MiB");
+        assert_eq!(human_bytes(1536 << 30), "1.50 TiB");
+    }
+
+    #[test]
+    fn list_json_is_schema_1() {
+        let j: serde_json::Value =
+            serde_json::from_str(&list_json(&[state("vol0", 0, 812, 1)], |_| true)).unwrap();
+        assert_eq!(j["schema"], 1);
+        assert_eq!(j["volumes"][0]["device"], "/dev/ublkb0");
+        assert_eq!(j["volumes"][0]["size_bytes"], 1u64 << 30);
     }
 }
