@@ -591,6 +591,10 @@ fn spawn_background(config: &Path, name: &str) -> anyhow::Result<DeviceState> {
     cmd.arg("run")
         .arg("--config")
         .arg(config)
+        // Its stderr is the log file below, not the journal: keep the
+        // timestamps (main.rs, init_logging).
+        .env_remove("JOURNAL_STREAM")
+        .env_remove("INVOCATION_ID")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
