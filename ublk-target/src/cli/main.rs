@@ -550,7 +550,9 @@ fn cmd_bench(b: &BenchArgs) -> anyhow::Result<bool> {
     if b.idle > 0 {
         std::thread::sleep(Duration::from_secs(b.idle));
     }
-    let report = bench::run(&c, &opts).context("bench")?;
+    let report = with_status_line(&opts, |progress| {
+        bench::run_with_progress(&c, &opts, progress).context("bench")
+    })?;
     if b.json {
         println!("{}", report.to_json());
     } else {
@@ -571,6 +573,62 @@ fn cmd_bench(b: &BenchArgs) -> anyhow::Result<bool> {
     }
     let _ = c.disconnect();
     Ok(!failed)
+}
+
+/// Runs `bench` with fio's live status line on stdout, redrawn every
+/// second, when stdout is a terminal (and erased before the report); with
+/// stdout a pipe or file nothing extra is written.
+fn with_status_line<T>(
+    opts: &BenchOptions,
+    bench: impl FnOnce(Option<&bench::progress::Progress>) -> T,
+) -> T {
+    use std::io::{IsTerminal as _, Write as _};
+    if !std::io::stdout().is_terminal() {
+        return bench(None);
+    }
+    let progress = bench::progress::Progress::default();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let start = std::time::Instant::now();
+            let tick = Duration::from_secs(1);
+            let mut prev = progress.sample();
+            let mut last = start;
+            let mut width = 0;
+            loop {
+                // Short sleeps, so the line goes as soon as the run ends.
+                while last.elapsed() < tick {
+                    if done.load(std::sync::atomic::Ordering::Relaxed) {
+                        print!("\r{:width$}\r", "");
+                        let _ = std::io::stdout().flush();
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let now = progress.sample();
+                let plan = bench::progress::Plan {
+                    pattern: opts.pattern,
+                    runtime: opts.runtime,
+                    bytes_total: progress.bytes_total(),
+                };
+                let line = bench::progress::status_line(
+                    &plan,
+                    &prev,
+                    &now,
+                    last.elapsed(),
+                    start.elapsed(),
+                );
+                width = width.max(line.len());
+                print!("\r{line:width$}");
+                let _ = std::io::stdout().flush();
+                prev = now;
+                last = std::time::Instant::now();
+            }
+        });
+        let r = bench(Some(&progress));
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    })
 }
 
 /// Sets up logging at `default` level (`RUST_LOG` overrides). Under
