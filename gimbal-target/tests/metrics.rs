@@ -5,7 +5,7 @@
 
 mod support;
 
-use prom_exposition::check::{metric_names, promtool_check, sample_value, scrape};
+use prom_exposition::check::{metric_names, promql_metrics, promtool_check, sample_value, scrape};
 use support::*;
 
 const CONFIG: &str = r#"
@@ -107,4 +107,47 @@ fn the_page_parses_and_counts_a_hosts_requests() {
 fn no_listener_unless_configured() {
     let t = start_target(&CONFIG.replace("[metrics]\nlisten = \"127.0.0.1:0\"\n", ""));
     assert!(t.metrics_addr().is_none());
+}
+
+/// Every metric the Grafana dashboard (docs/grafana) asks for under
+/// `gimbal_target_` is one the target exports.
+#[test]
+fn the_dashboard_uses_only_exported_metrics() {
+    let t = start_target(CONFIG);
+    let names = metric_names(&gimbal_target::metrics::render(t.target()));
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/grafana/ublk-nvmf-gimbal-target.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    collect_queries(&dashboard, &mut exprs);
+    let mut used = 0;
+    for e in &exprs {
+        for m in promql_metrics(e, "gimbal_target_", &names) {
+            assert!(
+                names.contains(&m),
+                "the dashboard asks for {m}, which the target does not export ({e})"
+            );
+            used += 1;
+        }
+    }
+    assert!(used > 10, "{used}");
+}
+
+/// Every `expr` and variable `definition` in a Grafana dashboard.
+fn collect_queries(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
+                    _ => collect_queries(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_queries(v, out)),
+        _ => {}
+    }
 }

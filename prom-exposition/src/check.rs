@@ -81,3 +81,72 @@ pub fn sample_value(text: &str, series: &str) -> Option<f64> {
         v.parse().ok()
     })
 }
+
+/// The metric names starting with `prefix` that a PromQL expression
+/// refers to (identifiers; label names and values inside `{...}` and
+/// strings are skipped), histogram series (`_bucket`, `_sum`, `_count`)
+/// under their family's name when `families` has it.
+pub fn promql_metrics(
+    expr: &str,
+    prefix: &str,
+    families: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0u32;
+    let mut chars = expr.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            '"' => {
+                // Skip a string, with its escapes.
+                while let Some((_, c)) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            c if depth == 0 && (c.is_ascii_alphabetic() || c == '_' || c == ':') => {
+                let mut end = i + c.len_utf8();
+                while let Some(&(j, d)) = chars.peek() {
+                    if d.is_ascii_alphanumeric() || d == '_' || d == ':' {
+                        end = j + d.len_utf8();
+                        chars.next();
+                    } else {
+                        break;
+                    }
+                }
+                let word = &expr[i..end];
+                if word.starts_with(prefix) {
+                    let family = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .filter_map(|s| word.strip_suffix(s))
+                        .find(|base| families.contains(*base))
+                        .unwrap_or(word);
+                    out.push(family.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn promql_names_are_found_outside_selectors() {
+        let families = ["x_latency_seconds".to_owned()].into_iter().collect();
+        let e = r#"histogram_quantile(0.9, sum by (le) (rate(x_latency_seconds_bucket{volume=~"x_fake"}[5m]))) / x_ios_total"#;
+        assert_eq!(
+            promql_metrics(e, "x_", &families),
+            ["x_latency_seconds", "x_ios_total"]
+        );
+    }
+}

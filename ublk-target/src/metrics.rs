@@ -26,6 +26,9 @@ const CREDIT_MODES: [&str; 4] = ["auto", "target", "estimate", "off"];
 /// Replica states (`status`).
 const REPLICA_STATES: [&str; 4] = ["in-sync", "fencing", "failed", "resyncing"];
 
+const TARGET_CREDIT_HELP: &str = "The credit total the target last reported (Gimbal targets only).";
+const RESYNC_SECONDS_HELP: &str = "Estimated time until the running resync is done.";
+
 /// Starts the responder for `vol` on `listen`. `device` is set once the
 /// device is live (`/dev/ublkbN`, shown in `ublk_nvmf_volume_info`);
 /// counters are served from the start.
@@ -43,6 +46,18 @@ pub fn serve(
 pub fn render(vol: &Volume, device: &str) -> String {
     let s = vol.snapshot(device);
     let mut e = Exposition::new();
+    // Families whose samples come and go: declared so that their HELP is
+    // always there (and a dashboard check finds them).
+    e.declare(
+        "ublk_nvmf_target_credit",
+        prom_exposition::Kind::Gauge,
+        TARGET_CREDIT_HELP,
+    );
+    e.declare(
+        "ublk_nvmf_replica_resync_remaining_seconds",
+        prom_exposition::Kind::Gauge,
+        RESYNC_SECONDS_HELP,
+    );
     let v: (&str, &str) = ("volume", &s.volume);
     counters(&mut e, v, &s);
     for (i, op) in LATENCY_OPS.iter().enumerate() {
@@ -157,7 +172,7 @@ fn qos(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
     if let Some(c) = q.target_credit {
         e.gauge(
             "ublk_nvmf_target_credit",
-            "The credit total the target last reported (Gimbal targets only).",
+            TARGET_CREDIT_HELP,
             &[v],
             f64::from(c),
         );
@@ -336,7 +351,7 @@ fn replicas(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
         if let Some(t) = r.status.resync_seconds_left {
             e.gauge(
                 "ublk_nvmf_replica_resync_remaining_seconds",
-                "Estimated time until the running resync is done.",
+                RESYNC_SECONDS_HELP,
                 &l,
                 t as f64,
             );

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use nvmf_initiator::blocking::HostIdentity;
 use nvmf_initiator::fake_target::{FakeConfig, FakeTarget};
-use prom_exposition::check::{metric_names, promtool_check, sample_value, scrape};
+use prom_exposition::check::{metric_names, promql_metrics, promtool_check, sample_value, scrape};
 use ublk_target::config::VolumeConfig;
 use ublk_target::qos::priority::Source;
 use ublk_target::volume::{Priority, Volume};
@@ -93,8 +93,8 @@ fn a_volumes_page_parses_and_shows_its_counters() {
     assert_eq!(sources, 1.0, "exactly one window source\n{after}");
 }
 
-#[test]
-fn a_mirrors_page_has_its_replicas() {
+/// A two-replica mirror over two fake targets, and their servers.
+fn mirror() -> (Arc<Volume>, Vec<Box<dyn std::any::Any>>) {
     let (a, b) = (
         FakeTarget::new(FakeConfig::default()),
         FakeTarget::new(FakeConfig {
@@ -114,6 +114,12 @@ fn a_mirrors_page_has_its_replicas() {
         b.config().subnqn,
         dir.path().display()
     ));
+    (vol, vec![Box::new((a, b, sa, sb, dir))])
+}
+
+#[test]
+fn a_mirrors_page_has_its_replicas() {
+    let (vol, _keep) = mirror();
     let text = ublk_target::metrics::render(&vol, "/dev/ublkb1");
     promtool_check(&text).unwrap();
     // A new bitmap takes replica 0 as the source: it is in sync, and
@@ -139,5 +145,65 @@ fn a_mirrors_page_has_its_replicas() {
         "ublk_nvmf_replica_resync_remaining_bytes",
     ] {
         assert!(names.contains(n), "{n}");
+    }
+}
+
+/// Every metric the Grafana dashboard (docs/grafana) asks for under
+/// `ublk_nvmf_` is one a volume's page has (a plain volume's and a
+/// mirror's together), and every expression names a daemon's metric.
+#[test]
+fn the_dashboard_uses_only_exported_metrics() {
+    let t = FakeTarget::new(FakeConfig::default());
+    let s = t.serve();
+    let plain = volume(&format!(
+        "name = \"p\"\n[target]\naddress = \"127.0.0.1\"\nport = {}\nsubnqn = \"{}\"\n[priority]\nsource = \"fixed\"\n",
+        s.addr().port(),
+        t.config().subnqn
+    ));
+    let (mirror, _keep) = mirror();
+    let mut names = metric_names(&ublk_target::metrics::render(&plain, "/dev/ublkb0"));
+    names.extend(metric_names(&ublk_target::metrics::render(
+        &mirror,
+        "/dev/ublkb1",
+    )));
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/grafana/ublk-nvmf-gimbal-target.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    collect_queries(&dashboard, &mut exprs);
+    assert!(exprs.len() > 20, "{} queries", exprs.len());
+    let mut used = 0;
+    for e in &exprs {
+        assert!(
+            e.contains("ublk_nvmf_") || e.contains("gimbal_target_"),
+            "{e} names no metric of ours"
+        );
+        for m in promql_metrics(e, "ublk_nvmf_", &names) {
+            assert!(
+                names.contains(&m),
+                "the dashboard asks for {m}, which no volume exports ({e})"
+            );
+            used += 1;
+        }
+    }
+    assert!(used > 10);
+}
+
+/// Every `expr` and variable `definition` in a Grafana dashboard.
+fn collect_queries(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
+                    _ => collect_queries(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_queries(v, out)),
+        _ => {}
     }
 }
