@@ -72,6 +72,14 @@ for op in read write; do
     check "ublk-nvmf: $op bytes grew" grew /tmp/u1.txt /tmp/u2.txt "ublk_nvmf_io_bytes_total{volume=\"mvol\",op=\"$op\"}"
     check "ublk-nvmf: $op latency count grew" grew /tmp/u1.txt /tmp/u2.txt "ublk_nvmf_io_latency_seconds_count{volume=\"mvol\",op=\"$op\"}"
 done
+# The numbers, on the console.
+for s in "gimbal_target_requests_total{$ns,op=\"read\"}" "gimbal_target_requests_total{$ns,op=\"write\"}"; do
+    log "$s: $(value /tmp/g1.txt "$s") -> $(value /tmp/g2.txt "$s")"
+done
+for s in 'ublk_nvmf_ios_total{volume="mvol",op="read"}' 'ublk_nvmf_ios_total{volume="mvol",op="write"}' \
+    'ublk_nvmf_io_latency_seconds_count{volume="mvol",op="read"}' 'ublk_nvmf_io_latency_seconds_sum{volume="mvol",op="read"}'; do
+    log "$s: $(value /tmp/u1.txt "$s") -> $(value /tmp/u2.txt "$s")"
+done
 check "ublk-nvmf: medium-class I/Os grew" grew /tmp/u1.txt /tmp/u2.txt 'ublk_nvmf_class_ios_total{volume="mvol",class="medium"}'
 check_output "gimbal-target: the volume's host is a tenant with a credit" \
     "^gimbal_target_tenant_credit\{$ns,host=\"nqn[^\"]*\"\} [1-9]" cat /tmp/g2.txt
