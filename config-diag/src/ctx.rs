@@ -1,5 +1,6 @@
 //! The file being checked, for errors about the values read from it.
 
+use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::Path;
 
@@ -74,6 +75,32 @@ impl Ctx<'_> {
     }
 }
 
+impl Ctx<'_> {
+    /// An optional `IP:port` to listen on (`[metrics] listen` in both
+    /// daemons): `None` when absent, else the address, or an error naming
+    /// `field`. A name is refused: what a listener binds to must not
+    /// depend on name resolution at start.
+    pub fn listen_addr(
+        &self,
+        value: &Option<Spanned<String>>,
+        field: &str,
+    ) -> Result<Option<SocketAddr>, ConfigError> {
+        let Some(v) = value else {
+            return Ok(None);
+        };
+        v.get_ref().parse::<SocketAddr>().map(Some).map_err(|_| {
+            self.err(
+                v,
+                field,
+                format!(
+                    "`{}` is not an IP:port address (e.g. \"127.0.0.1:9750\" or \"[::1]:9750\")",
+                    v.get_ref()
+                ),
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;
@@ -122,6 +149,38 @@ mod tests {
             assert_eq!((e.line, e.field.as_str()), (0, "io.depth"));
             assert_eq!(e.to_string(), "v.toml: field `io.depth`: missing");
         });
+    }
+
+    #[test]
+    fn listen_addresses_are_ip_and_port() {
+        let src = "[metrics]\nlisten = \"localhost:9750\"\n";
+        #[derive(Deserialize)]
+        struct M {
+            metrics: L,
+        }
+        #[derive(Deserialize)]
+        struct L {
+            listen: Option<Spanned<String>>,
+        }
+        let raw: M = toml::from_str(src).unwrap();
+        let cx = Ctx {
+            file: Path::new("t.toml"),
+            source: src,
+        };
+        let e = cx
+            .listen_addr(&raw.metrics.listen, "metrics.listen")
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("t.toml:2:10: field `metrics.listen`: `localhost:9750` is not"),
+            "{e}"
+        );
+        assert_eq!(cx.listen_addr(&None, "metrics.listen"), Ok(None));
+        let ok = Some(Spanned::new(0..0, "[::1]:9750".to_owned()));
+        assert_eq!(
+            cx.listen_addr(&ok, "metrics.listen"),
+            Ok(Some("[::1]:9750".parse().unwrap()))
+        );
     }
 
     #[test]

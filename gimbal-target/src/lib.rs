@@ -15,7 +15,8 @@
 //!
 //! Around them: [`config`] reads and checks the TOML configuration (errors
 //! name file, line and field, through `config-diag`); [`server`] runs a
-//! target: runtime, listeners, status lines and orderly shutdown.
+//! target: runtime, listeners, status lines and orderly shutdown;
+//! [`metrics`] renders the target's state for Prometheus.
 //!
 //! The paper's experiments in simulation are the `gimbal-sim` crate, so
 //! that this runtime does not carry the plotting stack.
@@ -23,5 +24,6 @@
 pub mod backend;
 pub mod config;
 pub mod frontend;
+pub mod metrics;
 pub mod pipeline;
 pub mod server;

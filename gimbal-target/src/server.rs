@@ -40,12 +40,19 @@ pub struct TargetHandle {
     target: Arc<Target>,
     addrs: Vec<SocketAddr>,
     thread: Option<JoinHandle<()>>,
+    metrics: Option<prom_exposition::MetricsServer>,
 }
 
 impl TargetHandle {
     /// The addresses the target listens on (with ephemeral ports resolved).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.addrs.clone()
+    }
+
+    /// Where `GET /metrics` is served, when the config asked for it
+    /// (`[metrics] listen`; port 0 resolved).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.local_addr())
     }
 
     /// The shared target state (controllers, subsystems).
@@ -59,6 +66,7 @@ impl TargetHandle {
     }
 
     fn stop(&mut self) {
+        self.metrics = None;
         self.target.shutdown.cancel();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -172,6 +180,7 @@ pub fn spawn(config: TargetConfig) -> anyhow::Result<TargetHandle> {
     let target = Arc::new(Target::new(config)?);
     let rt = runtime()?;
     let listeners = rt.block_on(bind(&target))?;
+    let metrics = start_metrics(&target)?;
     let addrs = target
         .listen_addrs
         .lock()
@@ -190,7 +199,18 @@ pub fn spawn(config: TargetConfig) -> anyhow::Result<TargetHandle> {
         target,
         addrs,
         thread: Some(thread),
+        metrics,
     })
+}
+
+/// The metrics responder, if `[metrics] listen` asks for one.
+fn start_metrics(target: &Arc<Target>) -> anyhow::Result<Option<prom_exposition::MetricsServer>> {
+    let Some(addr) = target.config.metrics_listen else {
+        return Ok(None);
+    };
+    let m = crate::metrics::serve(target.clone(), addr)
+        .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+    Ok(Some(m))
 }
 
 /// Serves in the foreground until SIGTERM or SIGINT. Returns an error if
@@ -216,6 +236,10 @@ pub fn run_with_status(
             .iter()
         {
             log::info!("listening on {a}");
+        }
+        let metrics = start_metrics(&target)?;
+        if let Some(m) = &metrics {
+            log::info!("metrics on http://{}/metrics", m.local_addr());
         }
         for s in target.subsystems.values() {
             for n in s.namespaces.values() {
@@ -260,6 +284,7 @@ pub fn run_with_status(
         serve(target.clone(), listeners)
             .await
             .context("flushing backends at shutdown")?;
+        drop(metrics);
         log::info!("stopped");
         Ok(())
     });

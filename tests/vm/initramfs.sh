@@ -2,7 +2,7 @@
 # Builds the guest initramfs (an uncompressed newc cpio, the fastest for the
 # kernel to unpack) from: busybox, the modules in modules.list and their
 # dependencies (decompressed, since busybox modprobe cannot load .ko.xz), the
-# host's fio, mke2fs, e2fsck, nvme-cli, dmsetup and etcd, the project's release
+# host's fio, mke2fs, e2fsck, nvme-cli, dmsetup, promtool and etcd, the project's release
 # binaries when built, the shared libraries all of these load, and the guest
 # scripts.
 #
@@ -71,6 +71,14 @@ for tool in fio mke2fs e2fsck nvme blkdiscard dmsetup etcd; do
     fi
     copy_with_libs "$path" "/usr/sbin/$tool"
 done
+# promtool (Debian's prometheus package): the metrics scenario checks
+# what the daemons serve under real load with Prometheus' own parser.
+path=$(command -v promtool || true)
+if [ -z "$path" ]; then
+    echo "initramfs: host tool promtool not found (run tests/vm/setup-host.sh: package prometheus)" >&2
+    exit 1
+fi
+copy_with_libs "$path" /usr/bin/promtool
 ln -sf mke2fs "$root/usr/sbin/mkfs.ext4"
 ln -sf e2fsck "$root/usr/sbin/fsck.ext4"
 for bin in "$@"; do

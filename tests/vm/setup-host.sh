@@ -19,10 +19,13 @@ set -euo pipefail
 #                             checking them, a clean root to install them in
 #   etcd-server               cluster mode's store: tests start real etcd clusters
 #   protobuf-compiler         etcd-client's build script compiles etcd's .proto files
+#   prometheus                `promtool check metrics`: the metrics tests parse both
+#                             daemons' /metrics output with Prometheus' own parser
+#                             (the package's service is never enabled by the tests)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
-    libbpf-dev bpftool man-db dpkg-dev lintian debootstrap
+    libbpf-dev bpftool man-db dpkg-dev lintian debootstrap prometheus
     etcd-server protobuf-compiler
 )
 

@@ -32,6 +32,8 @@
 //! - [`control`]: saved device state and the control socket
 //!   ([`control::state`]), the systemd readiness protocol
 //!   ([`control::notify`]).
+//! - [`metrics`]: the volume's counters and latency histograms for
+//!   Prometheus (`[metrics] listen`).
 //! - [`bench`]: `ublk-nvmf bench`, a fio-like load generator over the
 //!   initiator, with its latency histogram.
 
@@ -41,6 +43,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod io;
+pub mod metrics;
 pub mod qos;
 pub mod replication;
 pub mod volume;

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use ioprio_channel::{PriorityChannel, QueueReader, Registration};
 use nvmf_initiator::blocking::{ConnectOptions, Controller, HostIdentity};
 use nvmf_initiator::Arbitration;
+use prom_exposition::LatencyHistogram;
 use qos_core::priority::NvmeClass;
 use serde::{Deserialize, Serialize};
 
@@ -56,7 +57,15 @@ pub struct Stats {
     pub class_bytes: [AtomicU64; 4],
     /// Per replica (at most 16): reads it served.
     pub replica_reads: [AtomicU64; 16],
+    /// Per operation ([`LATENCY_OPS`]): time from a request's arrival at
+    /// the server to its answer from the target(s), QoS waits included
+    /// (what the block layer sees, less the ublk driver's own hop).
+    pub latency: [LatencyHistogram; 4],
 }
+
+/// The operations of [`Stats::latency`], in index order (`discard`
+/// includes write-zeroes, as [`Stats::discards`] does).
+pub const LATENCY_OPS: [&str; 4] = ["read", "write", "flush", "discard"];
 
 /// A point-in-time copy of [`Stats`] plus the volume's identity, as
 /// `status` prints it.

@@ -158,3 +158,50 @@ fn control_commands_on_a_stopped_volume() {
         &["not a ublk-nvmf device"],
     );
 }
+
+/// Under systemd journald stamps each line: ours carry no timestamp, and
+/// a syslog priority prefix instead; elsewhere they keep theirs.
+#[test]
+fn log_lines_under_systemd_carry_no_timestamp() {
+    let dir = tmpdir("journal");
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = volume(&dir, dead, "nqn.x");
+    let run_logged = |systemd: bool| {
+        let mut c = cmd(
+            "/dev/null",
+            &dir,
+            &["run", "--config", cfg.to_str().unwrap()],
+        );
+        // The ioprio side channel's fallback warning is the one line
+        // logged before the target is found dead.
+        c.env("RUST_LOG", "warn")
+            .env("UBLK_NVMF_IOPRIO_UNPRIVILEGED", "1")
+            .env_remove("JOURNAL_STREAM")
+            .env_remove("INVOCATION_ID");
+        if systemd {
+            c.env("INVOCATION_ID", "0123456789abcdef0123456789abcdef");
+        }
+        let o = c.output().expect("run ublk-nvmf");
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let journal = run_logged(true);
+    let line = journal
+        .lines()
+        .find(|l| l.contains("ioprio side channel unavailable"))
+        .unwrap_or_else(|| panic!("no warning in {journal}"));
+    assert!(line.starts_with("<4>ublk_nvmf"), "{line}");
+    let plain = run_logged(false);
+    let line = plain
+        .lines()
+        .find(|l| l.contains("ioprio side channel unavailable"))
+        .unwrap_or_else(|| panic!("no warning in {plain}"));
+    assert!(
+        line.starts_with("[20") && line.contains("Z WARN "),
+        "{line}"
+    );
+}

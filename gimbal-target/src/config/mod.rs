@@ -71,6 +71,10 @@ pub struct TargetConfig {
     /// Hosts that authenticate with DH-HMAC-CHAP (`[[host]]` tables), in
     /// file order.
     pub hosts: Vec<HostConfig>,
+    /// `[metrics] listen`: where Prometheus scrapes `GET /metrics`; `None`
+    /// (the default): no metrics listener. Put it on loopback or a
+    /// management network: the page names every tenant's host NQN.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl TargetConfig {
@@ -239,6 +243,15 @@ struct RawConfig {
     subsystems: Vec<RawSubsystem>,
     #[serde(default, rename = "host")]
     hosts: Vec<RawHost>,
+    #[serde(default)]
+    metrics: RawMetrics,
+}
+
+/// `[metrics]`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -332,7 +345,9 @@ impl TargetConfig {
         for rs in raw.subsystems {
             subsystems.push(validate_subsystem(&cx, rs, &subsystems, &hosts)?);
         }
+        let metrics_listen = cx.listen_addr(&raw.metrics.listen, "metrics.listen")?;
         Ok(TargetConfig {
+            metrics_listen,
             listen,
             limits,
             keep_alive,
@@ -712,6 +727,20 @@ mod tests {
         assert_eq!(c.listen, vec!["127.0.0.1:4420".parse().unwrap()]);
         assert!(!c.subsystems[0].host_allowed("nqn.2026-01.io.t:host"));
         assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.metrics_listen, None);
+    }
+
+    #[test]
+    fn metrics_listen_is_an_ip_and_port() {
+        let c = parse("[metrics]\nlisten = \"127.0.0.1:9750\"\n").unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9750".parse().unwrap()));
+        expect_err(
+            "listen = [\"127.0.0.1:4420\"]\n[metrics]\nlisten = \"9750\"\n",
+            3,
+            "metrics.listen",
+            "not an IP:port",
+        );
+        expect_err("[metrics]\nport = 1\n", 2, "metrics.port", "unknown field");
     }
 
     fn expect_err(src: &str, line: usize, field: &str, needle: &str) {

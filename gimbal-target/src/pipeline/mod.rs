@@ -44,6 +44,7 @@ mod gimbal;
 
 use std::borrow::Cow;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
@@ -184,11 +185,50 @@ impl Completion {
     }
 }
 
+/// Names of [`PipelineCounters::requests`]' entries, in index order.
+pub const OP_NAMES: [&str; 5] = ["read", "write", "write_zeroes", "flush", "discard"];
+
+/// Names of [`PipelineCounters::class_requests`]' entries, in index order:
+/// the NVMe classes of arbitrating controllers, then `none` for requests
+/// of round-robin controllers (which carry no class).
+pub const CLASS_NAMES: [&str; 5] = ["urgent", "high", "medium", "low", "none"];
+
+/// What a namespace's pipeline was given, counted as each request enters
+/// it (the only per-namespace I/O counters the target keeps; exported by
+/// `/metrics`). Relaxed adds: no order with anything else is needed.
+#[derive(Debug, Default)]
+pub struct PipelineCounters {
+    /// Requests per operation ([`OP_NAMES`]).
+    pub requests: [AtomicU64; 5],
+    /// Bytes per operation ([`IoOp::transfer_bytes`]; zero for flush
+    /// and discard).
+    pub bytes: [AtomicU64; 5],
+    /// Requests per class ([`CLASS_NAMES`]).
+    pub class_requests: [AtomicU64; 5],
+}
+
+impl PipelineCounters {
+    fn count(&self, class: Option<&ClassTag>, op: &IoOp) {
+        let i = match op {
+            IoOp::Read { .. } => 0,
+            IoOp::Write { .. } => 1,
+            IoOp::WriteZeroes { .. } => 2,
+            IoOp::Flush => 3,
+            IoOp::Discard { .. } => 4,
+        };
+        self.requests[i].fetch_add(1, Ordering::Relaxed);
+        self.bytes[i].fetch_add(op.transfer_bytes(), Ordering::Relaxed);
+        let c = class.map_or(4, |t| t.class.index());
+        self.class_requests[c].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// One namespace's pipeline.
 pub struct Pipeline {
     backend: Arc<dyn Backend>,
     gimbal: Option<Arc<GimbalStage>>,
     classes: Arc<ClassStage>,
+    counters: PipelineCounters,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -207,6 +247,7 @@ impl Pipeline {
             classes: ClassStage::new(backend.clone(), None),
             backend,
             gimbal: None,
+            counters: PipelineCounters::default(),
         }
     }
 
@@ -218,12 +259,18 @@ impl Pipeline {
             classes: ClassStage::new(backend.clone(), gimbal.clone()),
             gimbal,
             backend,
+            counters: PipelineCounters::default(),
         })
     }
 
     /// The backend behind this pipeline.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// Requests given to this pipeline so far, by operation and class.
+    pub fn counters(&self) -> &PipelineCounters {
+        &self.counters
     }
 
     /// Whether the Gimbal switch runs in this pipeline.
@@ -250,6 +297,7 @@ impl Pipeline {
     /// within a tokio runtime when the backend may block or the switch runs.
     /// `class` is `None` for a round-robin controller (CC.AMS 000b).
     pub fn submit(&self, tenant: u32, class: Option<ClassTag>, op: IoOp, done: Completion) {
+        self.counters.count(class.as_ref(), &op);
         if let Some(tag) = class {
             if tag.device_queue_depth.is_some() && op.transfer_bytes() > 0 {
                 return self.classes.submit(tenant, tag, op, done);
@@ -301,6 +349,7 @@ impl Pipeline {
                 self.submit(tenant, class, op, done);
                 continue;
             }
+            self.counters.count(class.as_ref(), &op);
             let (st, now) = held.get_or_insert_with(|| g.lock_for(tenant));
             *now = g.submit_locked(st, *now, tenant, op, done, &mut finished);
         }

@@ -36,7 +36,7 @@ check "e2fsck -f is clean" /usr/sbin/e2fsck -f -n /dev/ublkb0
 fio_verify "fio verify randrw 4k..1M qd32" /dev/ublkb0 randrw 4k 32 64M --bsrange=4k-1M
 check "blkdiscard" blkdiscard_real -o 0 -l 67108864 /dev/ublkb0
 check_output "status reports I/O" "writes [1-9]" ublk-nvmf status demo
-check_output "list shows the volume" "demo +/dev/ublkb0" ublk-nvmf list
+check_output "list shows the volume" "^/dev/ublkb0 +demo " ublk-nvmf list
 check "Ctrl-C stops the demo" stop_daemon demo INT
 gone() { ! test -e /dev/ublkb0; }
 wait_for "/dev/ublkb0 is removed" 20 gone

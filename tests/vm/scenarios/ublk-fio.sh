@@ -59,7 +59,7 @@ nvmet_setup() {
 check "nvmet: file namespace on port 4421" nvmet_setup
 ublk_volume_config /tmp/k.toml kfile 127.0.0.1 4421 $KNQN 1 1
 check_output "add a volume on nvmet" "^/dev/ublkb[0-9]$" ublk-nvmf add --config /tmp/k.toml
-dev=$(ublk-nvmf list | awk '$1=="kfile"{print $2}')
+dev=$(ublk-nvmf list | awk '$2=="kfile"{print $1}')
 log "nvmet volume on $dev"
 ublk_fio_matrix nvmet "$dev"
 check "nvmet: blkdiscard" blkdiscard_real "$dev"

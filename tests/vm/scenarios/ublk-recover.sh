@@ -18,7 +18,7 @@ check "mkfs.ext4" mkfs_ext4 /dev/ublkb0
 mkdir -p /mnt/r
 check "mount" mount -t ext4 /dev/ublkb0 /mnt/r
 
-server_pid() { ublk-nvmf list | awk '$1=="rec" && $3=="pid" {print $4}'; }
+server_pid() { ublk-nvmf list | awk '$2=="rec" && $3!="dead" {print $3}'; }
 pid=$(server_pid)
 log "server pid $pid"
 
@@ -32,7 +32,7 @@ sleep 3
 check "kill -9 the server mid-run" kill -9 "$pid"
 dead() { ! kill -0 "$pid" 2>/dev/null; }
 wait_for "server is gone" 10 dead
-check_output "the device waits for recovery (list shows it dead)" "rec +/dev/ublkb0 +dead" ublk-nvmf list
+check_output "the device waits for recovery (list shows it dead)" "^/dev/ublkb0 +rec +dead " ublk-nvmf list
 check_output "recover reattaches /dev/ublkb0" "^/dev/ublkb0$" ublk-nvmf recover rec
 log "recovered server log:"; tail -n 30 /run/ublk-nvmf/rec.log
 check "fio completes with no I/O or verify error" wait $fio_pid

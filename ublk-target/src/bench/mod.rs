@@ -11,6 +11,7 @@
 //! error status or mismatch is counted and makes the run fail.
 
 pub mod histogram;
+pub mod progress;
 
 use std::time::{Duration, Instant};
 
@@ -266,6 +267,8 @@ struct Job<'a> {
     scratch: Vec<u8>,
     /// Buffers to reuse (no allocation per I/O in steady state).
     pool: Vec<Vec<u8>>,
+    /// Where the live status line reads completions, if one is shown.
+    progress: Option<&'a progress::Progress>,
 }
 
 impl<'a> Job<'a> {
@@ -382,6 +385,9 @@ impl<'a> Job<'a> {
                     d.ios += 1;
                     d.bytes += u64::from(self.opts.bs);
                     d.latency.record(latency.as_nanos() as u64);
+                    if let Some(p) = self.progress {
+                        p.completed(f.write, u64::from(self.opts.bs));
+                    }
                 }
                 c.buf
             }
@@ -500,6 +506,16 @@ impl<'a> Job<'a> {
 
 /// Run the benchmark on `ctrl`.
 pub fn run(ctrl: &Controller, opts: &BenchOptions) -> Result<Report, Error> {
+    run_with_progress(ctrl, opts, None)
+}
+
+/// [`run`], counting the measured completions into `progress` (for the
+/// live status line).
+pub fn run_with_progress(
+    ctrl: &Controller,
+    opts: &BenchOptions,
+    progress: Option<&progress::Progress>,
+) -> Result<Report, Error> {
     let ns = ctrl.identify_namespace(opts.nsid)?;
     if opts.bs == 0 || opts.bs % ns.block_size != 0 {
         return Err(Error::Usage(format!(
@@ -520,6 +536,9 @@ pub fn run(ctrl: &Controller, opts: &BenchOptions) -> Result<Report, Error> {
             "--size {size} gives no {}-byte block per job",
             opts.bs
         )));
+    }
+    if let Some(p) = progress {
+        p.set_bytes_total(units * numjobs * u64::from(opts.bs));
     }
     let depth = opts.iodepth.max(1) as usize;
     let resets_before = ctrl.resets();
@@ -557,6 +576,7 @@ pub fn run(ctrl: &Controller, opts: &BenchOptions) -> Result<Report, Error> {
                         report: Report::default(),
                         scratch: Vec::new(),
                         pool: Vec::new(),
+                        progress,
                     };
                     let reads = !matches!(opts.pattern, Pattern::Write | Pattern::RandWrite);
                     if opts.verify && reads {
@@ -564,7 +584,13 @@ pub fn run(ctrl: &Controller, opts: &BenchOptions) -> Result<Report, Error> {
                     }
                     let start = Instant::now();
                     let until = (!opts.runtime.is_zero()).then(|| start + opts.runtime);
+                    if let Some(p) = progress {
+                        p.job_running(true);
+                    }
                     job.run(until, true);
+                    if let Some(p) = progress {
+                        p.job_running(false);
+                    }
                     job.report.elapsed = start.elapsed();
                     if opts.verify && !job.report.failed() {
                         job.verify_all();

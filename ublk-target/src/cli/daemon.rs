@@ -89,9 +89,24 @@ pub fn run(config: VolumeConfig, announce: bool, takeover: bool) -> anyhow::Resu
     let dir = state::run_dir();
     let recover = recovery_target(&dir, &config.name)?;
     let vol = open_volume(&config, recover.as_ref(), takeover)?;
+    let device = Arc::new(std::sync::OnceLock::new());
+    let _metrics = match config.metrics_listen {
+        Some(addr) => {
+            let m = ublk_target::metrics::serve(Arc::clone(&vol), Arc::clone(&device), addr)
+                .with_context(|| format!("volume {}: metrics on {addr}", config.name))?;
+            log::info!(
+                "volume {}: metrics on http://{}/metrics",
+                config.name,
+                m.local_addr()
+            );
+            Some(m)
+        }
+        None => None,
+    };
     let stop = stop_on_signals();
     let manager = ReplicationManager::start(&vol);
     let live = DeviceLive {
+        device,
         vol: Arc::clone(&vol),
         dir: dir.clone(),
         config_path: std::fs::canonicalize(&config.path).unwrap_or(config.path.clone()),
@@ -149,6 +164,8 @@ fn open_volume(
 /// What happens once the device is live (called by `ublk::serve` from its
 /// own thread).
 struct DeviceLive {
+    /// The device's path once live, for the metrics page.
+    device: Arc<std::sync::OnceLock<String>>,
     vol: Arc<Volume>,
     dir: std::path::PathBuf,
     config_path: std::path::PathBuf,
@@ -173,6 +190,7 @@ impl DeviceLive {
             target: vol.identity.clone(),
         };
         let device = st.device();
+        let _ = self.device.set(device.clone());
         if let Err(e) = state::save(&self.dir, &st) {
             log::error!("saving state: {e}");
         }
@@ -509,14 +527,32 @@ fn format_replicas(s: &ublk_target::volume::StatsSnapshot) -> String {
                 .map_or_else(|| "none".to_owned(), |c| c.to_string())
         );
         if r.status.state == "resyncing" {
-            out += &format!(
-                ", resync copied {} bytes, {} regions left",
-                r.status.resync_bytes, r.status.resync_regions_left
-            );
+            out += &format!(", resync {}", format_resync(&r.status));
         }
         out += "\n";
     }
     out
+}
+
+/// `copied 12.0 MiB (40%), 30 regions left, about 1m05s left`.
+fn format_resync(s: &ublk_target::replication::ReplicaStatus) -> String {
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let total = s.resync_bytes + s.resync_bytes_left;
+    let pct = if total > 0 {
+        format!(" ({:.0}%)", 100.0 * s.resync_bytes as f64 / total as f64)
+    } else {
+        String::new()
+    };
+    let eta = match s.resync_seconds_left {
+        Some(t) if t >= 3600 => format!("about {}h{:02}m left", t / 3600, t % 3600 / 60),
+        Some(t) => format!("about {}m{:02}s left", t / 60, t % 60),
+        None => "time left unknown".into(),
+    };
+    format!(
+        "copied {:.1} MiB{pct}, {} regions left, {eta}",
+        mib(s.resync_bytes),
+        s.resync_regions_left
+    )
 }
 
 fn format_priority(p: &ublk_target::volume::PrioritySnapshot) -> String {
@@ -598,7 +634,11 @@ fn spawn_background(config: &Path, name: &str, takeover: bool) -> anyhow::Result
     if takeover {
         cmd.arg("--takeover");
     }
-    cmd.stdin(Stdio::null())
+    // Its stderr is the log file below, not the journal: keep the
+    // timestamps (main.rs, init_logging).
+    cmd.env_remove("JOURNAL_STREAM")
+        .env_remove("INVOCATION_ID")
+        .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
     // SAFETY: setsid in the child before exec detaches it from our
@@ -755,22 +795,90 @@ pub fn list(json: bool) -> anyhow::Result<()> {
         println!("{}", list_json(&states, pid_alive));
         return Ok(());
     }
-    println!("{:<20} {:<14} {:<10} TARGET", "VOLUME", "DEVICE", "SERVER");
-    for s in states {
-        let server = if pid_alive(s.pid) {
-            format!("pid {}", s.pid)
-        } else {
-            "dead".into()
-        };
-        println!(
-            "{:<20} {:<14} {:<10} {}",
-            s.volume,
-            s.device(),
-            server,
-            s.target.subnqn
-        );
-    }
+    print!("{}", list_table(&states, pid_alive, config_targets));
     Ok(())
+}
+
+/// The `address:port` of every target (replica) in a volume's config
+/// file, comma-separated; `-` when the file cannot be read any more.
+fn config_targets(s: &DeviceState) -> String {
+    match VolumeConfig::load(&s.config) {
+        Ok(c) => c
+            .replicas
+            .iter()
+            .map(|t| format!("{}:{}", t.address, t.port))
+            .collect::<Vec<_>>()
+            .join(","),
+        Err(_) => "-".into(),
+    }
+}
+
+/// `list` as `nvme list` reads: one line per device, columns aligned to
+/// their widest cell, the device node first. Every cell but the last two
+/// is one word, so `awk '$2 == "vol0" {print $1}'` finds a device; `PID`
+/// is `dead` for a device whose server is gone (`ublk-nvmf recover`).
+fn list_table(
+    states: &[DeviceState],
+    alive: impl Fn(u32) -> bool,
+    targets: impl Fn(&DeviceState) -> String,
+) -> String {
+    let header = [
+        "Node", "Name", "PID", "Target", "SubNQN", "NSID", "Usage", "Format",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    for s in states {
+        let g = &s.target.geometry;
+        rows.push(vec![
+            s.device(),
+            s.volume.clone(),
+            if alive(s.pid) {
+                s.pid.to_string()
+            } else {
+                "dead".into()
+            },
+            targets(s),
+            s.target.subnqn.clone(),
+            g.nsid.to_string(),
+            human_bytes(g.blocks * u64::from(g.block_size)),
+            format!("{} B", g.block_size),
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (i, r) in rows.iter().enumerate() {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out += line.join("  ").trim_end();
+        out.push('\n');
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            out += &rule.join("  ");
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Bytes in binary units with two decimals, as `nvme list` prints sizes
+/// (it uses decimal units; ublk sizes are set in binary ones).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }
 
 /// `list --json`, schema 1 (docs/architecture.md): fields are only ever
@@ -818,5 +926,109 @@ pub fn udev_name(kernel: &str) -> anyhow::Result<()> {
             Ok(())
         }
         None => bail!("{kernel} is not a ublk-nvmf device"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ublk_target::io::mapping::Geometry;
+    use ublk_target::volume::TargetIdentity;
+
+    fn state(volume: &str, dev_id: u32, pid: u32, gib: u64) -> DeviceState {
+        DeviceState {
+            volume: volume.into(),
+            config: format!("/etc/ublk-nvmf/{volume}.toml").into(),
+            dev_id,
+            pid,
+            target: TargetIdentity {
+                subnqn: "nqn.2026-01.io.gimbal:demo".into(),
+                serial: "S1".into(),
+                nguid: "00".repeat(16),
+                geometry: Geometry {
+                    nsid: 1,
+                    block_size: 512,
+                    blocks: gib << 21,
+                    max_io_bytes: 1 << 20,
+                    volatile_cache: false,
+                    discard: true,
+                    write_zeroes: true,
+                },
+            },
+        }
+    }
+
+    #[test]
+    fn list_is_a_table_like_nvme_list() {
+        let states = [
+            state("vol0", 0, 812, 1),
+            state("mirror-long-name", 12, 999, 2048),
+        ];
+        let t = list_table(
+            &states,
+            |pid| pid == 812,
+            |s| {
+                if s.volume == "vol0" {
+                    "127.0.0.1:4420".into()
+                } else {
+                    "10.0.0.1:4420,10.0.0.2:4420".into()
+                }
+            },
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(
+            lines[0].starts_with("Node          Name              PID   Target"),
+            "{t}"
+        );
+        assert!(
+            lines[1].starts_with("------------  ----------------  ----  ---"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("/dev/ublkb0   vol0              812   127.0.0.1:4420 "),
+            "{t}"
+        );
+        assert!(lines[2].ends_with("  1     1.00 GiB  512 B"), "{t}");
+        assert!(
+            lines[3]
+                .starts_with("/dev/ublkb12  mirror-long-name  dead  10.0.0.1:4420,10.0.0.2:4420"),
+            "{t}"
+        );
+        assert!(lines[3].ends_with("2.00 TiB  512 B"), "{t}");
+        // Every column starts at the same place on every line.
+        let col = |l: &str, word: &str| l.find(word).unwrap();
+        assert_eq!(col(lines[0], "SubNQN"), col(lines[2], "nqn."));
+        assert_eq!(col(lines[0], "SubNQN"), col(lines[3], "nqn."));
+        // Scripts find a device by name with awk.
+        let dev: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.split_whitespace().nth(1) == Some("vol0"))
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(dev, ["/dev/ublkb0"]);
+    }
+
+    #[test]
+    fn an_empty_list_is_the_header() {
+        let t = list_table(&[], |_| true, |_| String::new());
+        assert_eq!(t.lines().count(), 2);
+        assert!(t.starts_with("Node  Name  PID  Target  SubNQN  NSID  Usage  Format\n"));
+    }
+
+    #[test]
+    fn sizes_read_in_binary_units() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(256 << 20), "256.00 MiB");
+        assert_eq!(human_bytes(1536 << 30), "1.50 TiB");
+    }
+
+    #[test]
+    fn list_json_is_schema_1() {
+        let j: serde_json::Value =
+            serde_json::from_str(&list_json(&[state("vol0", 0, 812, 1)], |_| true)).unwrap();
+        assert_eq!(j["schema"], 1);
+        assert_eq!(j["volumes"][0]["device"], "/dev/ublkb0");
+        assert_eq!(j["volumes"][0]["size_bytes"], 1u64 << 30);
     }
 }

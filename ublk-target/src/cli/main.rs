@@ -58,6 +58,11 @@ enum Cmd {
         /// new attach epoch fences the old owner at the targets.
         #[arg(long)]
         takeover: bool,
+        /// Serve Prometheus metrics at http://ADDR/metrics (IP:port),
+        /// overriding `[metrics] listen` in the volume file. One port per
+        /// volume; loopback or a management network only.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Start a volume in the background; prints its device once live.
     /// Either from a volume file (--config), or in one line with nvme-cli's
@@ -563,7 +568,9 @@ fn cmd_bench(b: &BenchArgs) -> anyhow::Result<bool> {
     if b.idle > 0 {
         std::thread::sleep(Duration::from_secs(b.idle));
     }
-    let report = bench::run(&c, &opts).context("bench")?;
+    let report = with_status_line(&opts, |progress| {
+        bench::run_with_progress(&c, &opts, progress).context("bench")
+    })?;
     if b.json {
         println!("{}", report.to_json());
     } else {
@@ -586,8 +593,109 @@ fn cmd_bench(b: &BenchArgs) -> anyhow::Result<bool> {
     Ok(!failed)
 }
 
+/// Runs `bench` with fio's live status line on stdout, redrawn every
+/// second, when stdout is a terminal (and erased before the report); with
+/// stdout a pipe or file nothing extra is written.
+fn with_status_line<T>(
+    opts: &BenchOptions,
+    bench: impl FnOnce(Option<&bench::progress::Progress>) -> T,
+) -> T {
+    use std::io::{IsTerminal as _, Write as _};
+    if !std::io::stdout().is_terminal() {
+        return bench(None);
+    }
+    let progress = bench::progress::Progress::default();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let start = std::time::Instant::now();
+            let tick = Duration::from_secs(1);
+            let mut prev = progress.sample();
+            let mut last = start;
+            let mut width = 0;
+            loop {
+                // Short sleeps, so the line goes as soon as the run ends.
+                while last.elapsed() < tick {
+                    if done.load(std::sync::atomic::Ordering::Relaxed) {
+                        print!("\r{:width$}\r", "");
+                        let _ = std::io::stdout().flush();
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let now = progress.sample();
+                let plan = bench::progress::Plan {
+                    pattern: opts.pattern,
+                    runtime: opts.runtime,
+                    bytes_total: progress.bytes_total(),
+                };
+                let line = bench::progress::status_line(
+                    &plan,
+                    &prev,
+                    &now,
+                    last.elapsed(),
+                    start.elapsed(),
+                );
+                width = width.max(line.len());
+                print!("\r{line:width$}");
+                let _ = std::io::stdout().flush();
+                prev = now;
+                last = std::time::Instant::now();
+            }
+        });
+        let r = bench(Some(&progress));
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    })
+}
+
+/// Sets up logging at `default` level (`RUST_LOG` overrides). Under
+/// systemd, stderr goes to the journal, which stamps every line with its
+/// own time: a timestamp of ours would be a second, redundant one. There a
+/// line is `<N>target: message`, `<N>` the syslog priority journald reads
+/// as the line's level (`SyslogLevelPrefix=`, on by default), so
+/// `journalctl -p warning` works. Under systemd means: `$JOURNAL_STREAM`
+/// names our stderr (what systemd sets when it connects a unit's stderr
+/// to the journal), or `$INVOCATION_ID` is set (a unit runs us).
+fn init_logging(default: &str) {
+    use std::io::Write as _;
+    let mut b =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default));
+    if under_systemd() {
+        b.format(|buf, r| {
+            let priority = match r.level() {
+                log::Level::Error => 3,
+                log::Level::Warn => 4,
+                log::Level::Info => 6,
+                log::Level::Debug | log::Level::Trace => 7,
+            };
+            writeln!(buf, "<{priority}>{}: {}", r.target(), r.args())
+        });
+    } else {
+        b.format_timestamp_millis();
+    }
+    b.init();
+}
+
+/// Whether systemd runs us (see [`init_logging`]).
+fn under_systemd() -> bool {
+    if std::env::var_os("INVOCATION_ID").is_some() {
+        return true;
+    }
+    let Some(stream) = std::env::var("JOURNAL_STREAM").ok() else {
+        return false;
+    };
+    // "DEVICE:INODE" of the journal's socket; stderr may have been
+    // redirected since (then it is not the journal).
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else {
+        return false;
+    };
+    stream == format!("{}:{}", meta.dev(), meta.ino())
+}
+
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    init_logging("warn");
     // `ublk-nvmf generate man|completion ...` (hidden, for packaging).
     if let Some(status) = cli_docs::generate_if_asked(Cli::command, &MAN) {
         return status;
@@ -597,9 +705,18 @@ fn main() -> ExitCode {
         Cmd::Discover(t) => cmd_discover(t).map(|_| true),
         Cmd::Identify(s) => cmd_identify(s).map(|_| true),
         Cmd::Bench(b) => cmd_bench(b),
-        Cmd::Run { config, takeover } => ublk_target::config::VolumeConfig::load(config)
+        Cmd::Run {
+            config,
+            takeover,
+            metrics_listen,
+        } => ublk_target::config::VolumeConfig::load(config)
             .map_err(anyhow::Error::from)
-            .and_then(|c| daemon::run(c, true, *takeover))
+            .and_then(|mut c| {
+                if metrics_listen.is_some() {
+                    c.metrics_listen = *metrics_listen;
+                }
+                daemon::run(c, true, *takeover)
+            })
             .map(|_| true),
         Cmd::Takeover { name, config_dir } => {
             daemon::add(&config_dir.join(format!("{name}.toml")), true).map(|_| true)

@@ -42,6 +42,8 @@
 //! op_timeout_ms = 2000    # bound on one etcd request
 //! health_wait = 60        # seconds a write that needs a health change waits for etcd
 //! fencing = "reservations"  # reservations | none
+//! [metrics]               # Prometheus: GET http://LISTEN/metrics; off if absent
+//! listen = "127.0.0.1:9750"  # one port per volume (each volume is a process)
 //! ```
 //!
 //! A replicated volume:
@@ -129,6 +131,11 @@ pub struct VolumeConfig {
     /// Cluster mode (`[cluster]`): ownership, fencing and replica health
     /// in etcd. `None`: the single-host default, no etcd.
     pub cluster: Option<ClusterConfig>,
+    /// `[metrics] listen`: where this volume's server answers Prometheus'
+    /// `GET /metrics`; `None` (the default): no listener. Each volume is
+    /// its own process, so each needs its own port; loopback or a
+    /// management network only.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// `[cluster]`: where the volume's cluster state lives (see
@@ -280,6 +287,8 @@ struct Raw {
     #[serde(default)]
     priority: RawPriority,
     cluster: Option<RawCluster>,
+    #[serde(default)]
+    metrics: RawMetrics,
 }
 
 #[derive(Deserialize)]
@@ -291,6 +300,13 @@ struct RawCluster {
     op_timeout_ms: Option<Spanned<i64>>,
     health_wait: Option<Spanned<i64>>,
     fencing: Option<Spanned<String>>,
+}
+
+/// `[metrics]`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -509,7 +525,9 @@ impl VolumeConfig {
             Some(c) => Some(parse_cluster(&cx, c)?),
             None => None,
         };
+        let metrics_listen = cx.listen_addr(&raw.metrics.listen, "metrics.listen")?;
         Ok(Self {
+            metrics_listen,
             path: path.to_path_buf(),
             name: raw.name.get_ref().clone(),
             target: replicas[0].clone(),
@@ -1168,6 +1186,17 @@ queues = 2
 
         let e = parse(&format!("{GOOD}[host]\nnqn = \"nqn.x\"\nid = \"zz\"\n")).unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (10, "host.id"));
+
+        let e = parse(&format!("{GOOD}[metrics]\nlisten = \"localhost\"\n")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (9, "metrics.listen"));
+        assert!(e.to_string().contains("not an IP:port"), "{e}");
+    }
+
+    #[test]
+    fn metrics_are_off_unless_a_listen_address_is_given() {
+        assert_eq!(parse(GOOD).unwrap().metrics_listen, None);
+        let c = parse(&format!("{GOOD}[metrics]\nlisten = \"[::1]:9751\"\n")).unwrap();
+        assert_eq!(c.metrics_listen, Some("[::1]:9751".parse().unwrap()));
     }
 
     #[test]

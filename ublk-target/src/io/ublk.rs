@@ -335,6 +335,7 @@ async fn tag_task(
                 let start = iod.start_sector << 9;
                 let write = matches!(op, Op::Write | Op::Discard | Op::WriteZeroes)
                     .then(|| start..start + (u64::from(nr_sectors) << 9));
+                let sent = std::time::Instant::now();
                 engine.borrow_mut().submit(Submission {
                     tag,
                     command,
@@ -349,6 +350,13 @@ async fn tag_task(
                     tag,
                 }
                 .await;
+                let op_index = match op {
+                    Op::Read => 0,
+                    Op::Write => 1,
+                    Op::Flush => 2,
+                    _ => 3,
+                };
+                stats.latency[op_index].observe(sent.elapsed());
                 if ok {
                     let bytes = u64::from(nr_sectors) << 9;
                     let (n, b) = match op {

@@ -108,6 +108,13 @@ pub struct ReplicaStatus {
     pub resync_bytes: u64,
     /// Regions left to copy (while resyncing).
     pub resync_regions_left: u64,
+    /// Bytes left to copy, at most (while resyncing).
+    #[serde(default)]
+    pub resync_bytes_left: u64,
+    /// Estimated seconds until the resync is done (while resyncing; `None`
+    /// until a rate is known: `resync_rate = 0` and nothing copied yet).
+    #[serde(default)]
+    pub resync_seconds_left: Option<u64>,
 }
 
 /// The replication state of a volume; see the module documentation.
@@ -507,6 +514,7 @@ impl Replication {
 
     /// Per replica, for `status`.
     pub fn status(&self) -> Vec<ReplicaStatus> {
+        let now = self.now();
         let st = self.lock();
         (0..st.health.len())
             .map(|r| {
@@ -526,6 +534,8 @@ impl Replication {
                     let p = rs.planner.progress();
                     s.resync_bytes = p.bytes_copied;
                     s.resync_regions_left = p.regions_left;
+                    s.resync_bytes_left = rs.planner.bytes_left();
+                    s.resync_seconds_left = rs.planner.seconds_left(now);
                 }
                 s
             })

@@ -176,6 +176,8 @@ pub struct ResyncPlanner {
     /// User writes in flight: (start, end) → how many.
     user_writes: BTreeMap<(u64, u64), u32>,
     progress: ResyncProgress,
+    /// When the planner was made (the start of the measured copy rate).
+    started: Nanos,
 }
 
 /// New regions a single [`ResyncPlanner::next_job`] call may start looking
@@ -214,7 +216,31 @@ impl ResyncPlanner {
                 regions_left: total,
                 ..ResyncProgress::default()
             },
+            started: now,
         }
+    }
+
+    /// Bytes still to copy, at most: the regions left, whole (a region
+    /// partly copied counts in full, the last region of the volume as
+    /// its real size is not worth the arithmetic).
+    pub fn bytes_left(&self) -> u64 {
+        self.progress
+            .regions_left
+            .saturating_mul(self.config.region_size)
+    }
+
+    /// Seconds until done at the rate copies have been kept so far (once
+    /// a second has passed and something was copied), else at
+    /// `resync_rate`; `None` when neither is known (unlimited and nothing
+    /// measured yet). An estimate for `status`: user writes that race
+    /// copies, and new regions a degraded write dirties, make it longer.
+    pub fn seconds_left(&self, now: Nanos) -> Option<u64> {
+        let elapsed_ns = now.nanos_since(self.started);
+        let measured = (elapsed_ns >= 1_000_000_000 && self.progress.bytes_copied > 0)
+            .then(|| self.progress.bytes_copied as f64 * 1e9 / elapsed_ns as f64);
+        let configured = (self.config.rate_bps > 0).then_some(self.config.rate_bps as f64);
+        let rate = measured.or(configured)?;
+        Some((self.bytes_left() as f64 / rate).ceil() as u64)
     }
 
     /// Changes the copy rate at run time (tokens carried over).
@@ -469,6 +495,27 @@ mod tests {
         assert_eq!((pr.regions_clean, pr.regions_left), (2, 0));
         assert_eq!(pr.bytes_copied, 128 * KIB);
         assert!(p.is_done());
+    }
+
+    #[test]
+    fn time_left_uses_the_configured_rate_then_the_measured_one() {
+        let mut c = config();
+        assert_eq!(
+            ResyncPlanner::new(c, [0, 1], Nanos(0)).seconds_left(Nanos(0)),
+            None,
+            "unlimited and nothing measured"
+        );
+        c.rate_bps = 32 * KIB;
+        let mut p = ResyncPlanner::new(c, [0, 1, 2, 3], Nanos(0));
+        assert_eq!(p.bytes_left(), 256 * KIB);
+        assert_eq!(p.seconds_left(Nanos(0)), Some(8));
+        // Region 0 copied (64 KiB) in 4 s: 16 KiB/s measured, 192 KiB left.
+        for _ in 0..4 {
+            let j = job(p.next_job(Nanos::from_secs(100)));
+            p.on_copy_done(j.id).unwrap();
+        }
+        assert_eq!(p.bytes_left(), 192 * KIB);
+        assert_eq!(p.seconds_left(Nanos::from_secs(4)), Some(12));
     }
 
     #[test]
