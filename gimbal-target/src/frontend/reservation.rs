@@ -777,18 +777,27 @@ impl NamespaceReservations {
         host: &HostId,
         access: Access,
     ) -> Result<(), Status> {
+        // A command the current state refuses is refused without being
+        // counted, so a finished drain never sees it pass by.
+        self.verdict(inflight, host, access)?;
         inflight.count.fetch_add(1, Ordering::SeqCst);
-        let verdict = if inflight.aborting.load(Ordering::SeqCst) {
+        // Again after counting: a preempt that changed the state since
+        // is seen here, or sees the count (see `NsInflight`).
+        let verdict = self.verdict(inflight, host, access);
+        if verdict.is_err() {
+            inflight.done();
+        }
+        verdict
+    }
+
+    fn verdict(&self, inflight: &NsInflight, host: &HostId, access: Access) -> Result<(), Status> {
+        if inflight.aborting.load(Ordering::SeqCst) {
             Err(Status::ABORTED_PREEMPT.with_dnr())
         } else if self.open.load(Ordering::SeqCst) {
             Ok(())
         } else {
             self.lock().check(host, access)
-        };
-        if verdict.is_err() {
-            inflight.done();
         }
-        verdict
     }
 
     /// Marks `inflight` as being drained: its new commands are refused.
