@@ -167,6 +167,17 @@ pub enum Error {
     /// does not requeue.
     #[error("I/O aborted by a controller reset: {0}")]
     Aborted(Box<Error>),
+    /// The command completed with Reservation Conflict: another host holds
+    /// a reservation on the namespace that excludes this one (or, for a
+    /// reservation command, the key or the state did not allow it). Not
+    /// transient: retrying, reconnecting or another path gets the same
+    /// answer until the reservation changes; a host fenced this way must
+    /// stop writing.
+    #[error("{what}: reservation conflict (the namespace is reserved by another host)")]
+    ReservationConflict {
+        /// Which command.
+        what: &'static str,
+    },
     /// The controller handle was shut down.
     #[error("controller shut down")]
     Shutdown,
@@ -202,6 +213,22 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error for a command that completed with `status` (not success):
+    /// [`Error::ReservationConflict`] for Reservation Conflict, else
+    /// [`Error::CommandFailed`].
+    pub fn from_status(what: &'static str, status: Status) -> Self {
+        if status.is_reservation_conflict() {
+            Self::ReservationConflict { what }
+        } else {
+            Self::CommandFailed { what, status }
+        }
+    }
+
+    /// Whether this is [`Error::ReservationConflict`].
+    pub fn is_reservation_conflict(&self) -> bool {
+        matches!(self, Self::ReservationConflict { .. })
+    }
+
     /// Wrap a socket error.
     pub fn io(e: std::io::Error) -> Self {
         Self::Io(Arc::new(e))
@@ -216,7 +243,10 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         !matches!(
             self,
-            Self::Unsupported(_) | Self::InvalidRequest(_) | Self::Shutdown
+            Self::Unsupported(_)
+                | Self::InvalidRequest(_)
+                | Self::Shutdown
+                | Self::ReservationConflict { .. }
         )
     }
 }

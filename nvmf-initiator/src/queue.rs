@@ -194,7 +194,10 @@ pub enum Command {
     },
     /// Any other command as an SQE (admin commands, Dataset Management,
     /// Fabrics): sent as one command; CID and data pointer are filled in,
-    /// the direction comes from the opcode (or FCTYPE).
+    /// the direction comes from the opcode (or FCTYPE). The reservation
+    /// commands go this way: `Raw(cmd.to_sqe(0))` with `cmd.data()` as the
+    /// buffer (Register, Acquire, Release) or a buffer of the report's
+    /// length (Report); see `nvmf_proto::reservation`.
     Raw(Sqe),
 }
 
@@ -228,6 +231,14 @@ pub struct Completion<B> {
 }
 
 impl<B> Completion<B> {
+    /// Whether the command completed with Reservation Conflict: the
+    /// namespace is reserved by another host. The queue never retries or
+    /// requeues a completed command, this one included; a caller fencing
+    /// on reservations must stop writing rather than retry elsewhere.
+    pub fn is_reservation_conflict(&self) -> bool {
+        self.status.is_reservation_conflict()
+    }
+
     /// The Gimbal credit total, if DW1 carries one.
     pub fn gimbal_credit(&self) -> Option<u32> {
         (self.dw1 & nvmf_proto::cqe::GIMBAL_CREDIT_VALID != 0)

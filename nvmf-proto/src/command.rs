@@ -33,6 +33,8 @@ pub mod log_id {
     pub const CHANGED_NAMESPACE_LIST: u8 = 0x04;
     /// Commands Supported and Effects.
     pub const COMMANDS_SUPPORTED_AND_EFFECTS: u8 = 0x05;
+    /// Reservation Notification (one notification per read).
+    pub const RESERVATION_NOTIFICATION: u8 = 0x80;
     /// Discovery log (discovery controllers only).
     pub const DISCOVERY: u8 = 0x70;
     /// Vendor specific page reserved for the Gimbal virtual view (read-only

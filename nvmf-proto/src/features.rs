@@ -21,6 +21,80 @@ pub mod feature_id {
     pub const KEEP_ALIVE_TIMER: u8 = 0x0F;
     /// Host Identifier.
     pub const HOST_IDENTIFIER: u8 = 0x81;
+    /// Reservation Notification Mask (namespace specific).
+    pub const RESERVATION_NOTIFICATION_MASK: u8 = 0x82;
+    /// Reservation Persistence (namespace specific).
+    pub const RESERVATION_PERSISTENCE: u8 = 0x83;
+}
+
+/// Host Identifier (FID 81h): CDW11 bit 0 (EXHID) asks for the 128-bit
+/// identifier, which travels as 16 bytes of data.
+pub const HOST_IDENTIFIER_EXHID: u32 = 1 << 0;
+/// Bytes of an extended (128-bit) Host Identifier.
+pub const HOST_IDENTIFIER_LEN: usize = 16;
+
+/// Reservation Notification Mask (FID 82h): which reservation
+/// notifications the controller does not log (a set bit masks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReservationNotificationMask {
+    /// Mask Registration Preempted notifications (bit 1).
+    pub registration_preempted: bool,
+    /// Mask Reservation Released notifications (bit 2).
+    pub reservation_released: bool,
+    /// Mask Reservation Preempted notifications (bit 3).
+    pub reservation_preempted: bool,
+}
+
+impl ReservationNotificationMask {
+    /// The bits this feature defines; others are reserved.
+    pub const DEFINED: u32 = 0b1110;
+
+    /// CDW11 / DW0 value.
+    pub const fn to_dword(&self) -> u32 {
+        (self.registration_preempted as u32) << 1
+            | (self.reservation_released as u32) << 2
+            | (self.reservation_preempted as u32) << 3
+    }
+
+    /// From CDW11 / DW0 (reserved bits ignored).
+    pub const fn from_dword(v: u32) -> Self {
+        Self {
+            registration_preempted: v & (1 << 1) != 0,
+            reservation_released: v & (1 << 2) != 0,
+            reservation_preempted: v & (1 << 3) != 0,
+        }
+    }
+
+    /// Whether notifications of `log_type` (see
+    /// [`crate::reservation::notification_type`]) are masked.
+    pub const fn masks(&self, log_type: u8) -> bool {
+        use crate::reservation::notification_type as t;
+        match log_type {
+            t::REGISTRATION_PREEMPTED => self.registration_preempted,
+            t::RESERVATION_RELEASED => self.reservation_released,
+            t::RESERVATION_PREEMPTED => self.reservation_preempted,
+            _ => false,
+        }
+    }
+}
+
+/// Reservation Persistence (FID 83h): CDW11 / DW0 bit 0 is PTPL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ReservationPersistence {
+    /// Persist Through Power Loss.
+    pub ptpl: bool,
+}
+
+impl ReservationPersistence {
+    /// CDW11 / DW0 value.
+    pub const fn to_dword(&self) -> u32 {
+        self.ptpl as u32
+    }
+
+    /// From CDW11 / DW0.
+    pub const fn from_dword(v: u32) -> Self {
+        Self { ptpl: v & 1 != 0 }
+    }
 }
 
 /// Number of Queues (FID 07h). Counts are 0's based; the controller answers
@@ -145,6 +219,13 @@ pub mod notice {
     pub const ANA_CHANGE: u8 = 0x03;
     /// Discovery Log Page Change.
     pub const DISCOVERY_LOG_CHANGED: u8 = 0xF0;
+}
+
+/// I/O command set specific event information values (type
+/// [`async_event_type::IO_COMMAND_SET`]).
+pub mod io_command_set_event {
+    /// Reservation Log Page Available (log page 80h).
+    pub const RESERVATION_LOG_PAGE_AVAILABLE: u8 = 0x00;
 }
 
 /// The completion of an Asynchronous Event Request (CQE DW0).

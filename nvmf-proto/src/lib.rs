@@ -17,6 +17,9 @@
 //!   commands (Connect, Property Get/Set, Disconnect) with their SQE layouts.
 //! - [`identify`], [`log_page`]: Identify data structures, error/SMART logs,
 //!   the discovery log page, and a vendor log page hook.
+//! - [`reservation`]: Reservation Register/Acquire/Release/Report, the
+//!   Reservation Status data structure (regular and extended) and the
+//!   Reservation Notification log page.
 //! - [`uuid`]: host identifiers (UUIDs) to and from text.
 //! - [`auth`]: NVMe in-band authentication (DH-HMAC-CHAP): messages,
 //!   `DHHC-1` secrets, the FFDHE groups, and host and controller state
@@ -98,6 +101,7 @@ pub mod identify;
 pub mod log_page;
 pub mod pdu;
 pub mod raw;
+pub mod reservation;
 pub mod sqe;
 pub mod status;
 pub mod uuid;

@@ -58,6 +58,14 @@ pub mod io_opcode {
     pub const WRITE_ZEROES: u8 = 0x08;
     /// Dataset Management.
     pub const DATASET_MANAGEMENT: u8 = 0x09;
+    /// Reservation Register.
+    pub const RESERVATION_REGISTER: u8 = 0x0D;
+    /// Reservation Report.
+    pub const RESERVATION_REPORT: u8 = 0x0E;
+    /// Reservation Acquire.
+    pub const RESERVATION_ACQUIRE: u8 = 0x11;
+    /// Reservation Release.
+    pub const RESERVATION_RELEASE: u8 = 0x15;
     /// Fabrics command (allowed on I/O queues too, e.g. Disconnect).
     pub const FABRICS: u8 = 0x7F;
 }

@@ -119,6 +119,8 @@ impl Status {
     pub const KEEP_ALIVE_TIMER_EXPIRED: Self = generic(0x19);
     /// 0/1Ah Keep Alive Timeout Invalid.
     pub const KEEP_ALIVE_TIMEOUT_INVALID: Self = generic(0x1A);
+    /// 0/1Bh Command Aborted due to Preempt and Abort.
+    pub const ABORTED_PREEMPT: Self = generic(0x1B);
     /// 0/20h Namespace is Write Protected.
     pub const NAMESPACE_WRITE_PROTECTED: Self = generic(0x20);
     /// 0/21h Command Interrupted (retry is expected to succeed).
@@ -199,6 +201,13 @@ impl Status {
     /// Whether this is Successful Completion (ignoring CRD/More/DNR).
     pub const fn is_success(&self) -> bool {
         self.sct == sct::GENERIC && self.sc == 0
+    }
+
+    /// Whether this is Reservation Conflict: the namespace is reserved by
+    /// another host. Retrying elsewhere or later does not help; a host
+    /// fenced this way must stop writing.
+    pub const fn is_reservation_conflict(&self) -> bool {
+        self.same_code(Self::RESERVATION_CONFLICT)
     }
 
     /// Whether SCT and SC match `other`, ignoring CRD/More/DNR.

@@ -40,6 +40,10 @@ use nvmf_proto::fabrics::{
 use nvmf_proto::pdu::{
     C2HData, CapsuleResp, EncodeConfig, IcReq, IcResp, Negotiated, Pdu, Role, TermReq, R2T,
 };
+use nvmf_proto::reservation::{
+    ReservationAcquire, ReservationCommandKind, ReservationRegister, ReservationRelease,
+    ReservationReport, STATUS_EXT_HEADER_LEN,
+};
 use nvmf_proto::sqe::{admin_opcode, FLAGS_FUSE_MASK, FLAGS_PSDT_MASK, FLAGS_PSDT_SGL};
 use nvmf_proto::{
     Cqe, Decoded, DecoderConfig, ErrorAction, PduDecoder, ProtoError, SglKind, Sqe, Status,
@@ -56,7 +60,8 @@ use crate::frontend::budget::{
     ZEROS_LEN,
 };
 use crate::frontend::controller::{AdminOutcome, Controller, HostIdentity, IoQueueLease};
-use crate::frontend::target::{Namespace, Subsystem, Target};
+use crate::frontend::reservation::{Access, NamespaceReservations, NsInflight, Outcome};
+use crate::frontend::target::{controllers_of_host, Namespace, Subsystem, Target};
 use crate::limited;
 use crate::pipeline::{ClassTag, Completion, CompletionSink, IoDone, IoOp};
 use qos_core::priority::NvmeClass;
@@ -371,6 +376,25 @@ struct Connection {
     abort_writer: CancellationToken,
     /// DH-HMAC-CHAP on this queue, when its host has a secret (`[[host]]`).
     auth: Option<QueueAuth>,
+    /// Completion sinks per namespace this queue sent I/O to: each counts
+    /// the controller's admitted commands down (see [`NsSink`]). A handful
+    /// of entries at most (the subsystem's namespaces).
+    ns_sinks: Vec<(u32, Arc<NsSink>)>,
+}
+
+/// Completes this connection's I/O to one namespace: first counts it out
+/// of the controller's admitted commands on the namespace (what a Preempt
+/// and Abort waits for), then completes it as the responder does.
+struct NsSink {
+    responder: Arc<Responder>,
+    inflight: Arc<NsInflight>,
+}
+
+impl CompletionSink for NsSink {
+    fn complete(&self, tag: u64, done: IoDone) {
+        self.inflight.done();
+        CompletionSink::complete(&*self.responder, tag, done);
+    }
 }
 
 /// In-band authentication of one queue (NVMe Base Specification 2.x,
@@ -466,6 +490,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
         writer_gone,
         abort_writer,
         auth: None,
+        ns_sinks: Vec::new(),
     };
     let end = conn.read_loop(&mut rd).await;
     conn.finish(end).await;
@@ -1611,6 +1636,171 @@ impl Connection {
         })
     }
 
+    /// This queue's completion sink for I/O to `nsid`.
+    fn ns_sink(&mut self, ctrl: &Controller, nsid: u32) -> Arc<NsSink> {
+        if let Some((_, s)) = self.ns_sinks.iter().find(|(n, _)| *n == nsid) {
+            return s.clone();
+        }
+        let sink = Arc::new(NsSink {
+            responder: self.responder.clone(),
+            // Every namespace of the subsystem has a counter; a fresh one
+            // would only mean a drain cannot see this queue's commands.
+            inflight: ctrl.ns_inflight.get(&nsid).cloned().unwrap_or_default(),
+        });
+        self.ns_sinks.push((nsid, sink.clone()));
+        sink
+    }
+
+    /// The reservation check right before a command enters `ns`'s
+    /// pipeline: on success the command is counted as admitted and must be
+    /// completed through the returned sink (or counted out with
+    /// `inflight.done()` if it ends before the pipeline).
+    fn admit(
+        &mut self,
+        ctrl: &Controller,
+        ns: &Namespace,
+        access: Access,
+    ) -> Result<Arc<NsSink>, Status> {
+        let sink = self.ns_sink(ctrl, ns.nsid);
+        ns.reservations
+            .admit(&sink.inflight, &ctrl.host_id, access)?;
+        Ok(sink)
+    }
+
+    /// A reservation command arrived: Report answers at once; Register,
+    /// Acquire and Release first get their data (in the capsule, or by
+    /// R2T like a write) and run in [`Self::reservation_execute`].
+    fn reservation_command(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8]) {
+        let r = self.responder.clone();
+        let Some(ns) = self.namespace(ctrl, sqe.nsid) else {
+            return r.status(sqe.cid, Status::INVALID_NAMESPACE.with_dnr());
+        };
+        match ReservationCommandKind::of_opcode(sqe.opcode) {
+            Some(ReservationCommandKind::Report) => self.reservation_report(&ns, &sqe),
+            Some(kind) => self.receive_data(ctrl, sqe, kind.host_data_len(), data),
+            None => r.status(sqe.cid, Status::INVALID_OPCODE.with_dnr()),
+        }
+    }
+
+    /// Reservation Report, in nvmet's order of checks: the extended
+    /// structure only (128-bit host identifiers: Host Identifier
+    /// Inconsistent Format otherwise), at least its 64-byte header
+    /// (Invalid Field), at most MDTS, the data pointer describing exactly
+    /// NUMD's length. The report is at most 64 + 64 x 64 bytes; the rest of
+    /// a longer buffer is zeros from the static page.
+    fn reservation_report(&mut self, ns: &Namespace, sqe: &Sqe) {
+        let r = self.responder.clone();
+        let cmd = match ReservationReport::from_sqe(sqe) {
+            Ok(c) => c,
+            Err(_) => return r.status(sqe.cid, Status::INVALID_FIELD.with_dnr()),
+        };
+        if !cmd.eds {
+            return r.status(sqe.cid, Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr());
+        }
+        let len = cmd.data_len();
+        if len < STATUS_EXT_HEADER_LEN as u64
+            || len > u64::from(self.target.config.limits.max_data_transfer_bytes)
+        {
+            return r.status(sqe.cid, Status::INVALID_FIELD.with_dnr());
+        }
+        match sqe.dptr.kind() {
+            SglKind::Transport { length } if u64::from(length) == len => {}
+            SglKind::Transport { .. } => {
+                return r.status(sqe.cid, Status::DATA_SGL_LENGTH_INVALID.with_dnr())
+            }
+            _ => return r.status(sqe.cid, Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr()),
+        }
+        let report = ns.reservations.snapshot().report();
+        let mut data = match report.to_vec(true) {
+            Ok(d) => d,
+            Err(_) => return r.status(sqe.cid, Status::INTERNAL_ERROR),
+        };
+        let len = len as usize;
+        data.truncate(len);
+        let zeros = len - data.len();
+        r.reply(sqe.cid, Status::SUCCESS, 0, 0, data, zeros);
+    }
+
+    /// Register, Acquire or Release with its data: the state changes
+    /// under the namespace's lock at once (every later command sees it);
+    /// then notifications are logged, and the command completes once the
+    /// change is durable (PTPL) and the preempted hosts' admitted commands
+    /// are drained (Preempt and Abort).
+    fn reservation_execute(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8]) {
+        let r = self.responder.clone();
+        let cid = sqe.cid;
+        let Some(ns) = self.namespace(ctrl, sqe.nsid) else {
+            return r.status(cid, Status::INVALID_NAMESPACE.with_dnr());
+        };
+        let Some(subsystem) = ctrl.subsystem.clone() else {
+            return r.status(cid, Status::INVALID_OPCODE.with_dnr());
+        };
+        let host = ctrl.host_id;
+        let res = &ns.reservations;
+        let outcome = match ReservationCommandKind::of_opcode(sqe.opcode) {
+            Some(ReservationCommandKind::Register) => {
+                ReservationRegister::parse(&sqe, data).map(|c| res.register(&host, &c))
+            }
+            Some(ReservationCommandKind::Acquire) => {
+                ReservationAcquire::parse(&sqe, data).map(|c| res.acquire(&host, &c))
+            }
+            Some(ReservationCommandKind::Release) => {
+                ReservationRelease::parse(&sqe, data).map(|c| res.release(&host, &c))
+            }
+            _ => return r.status(cid, Status::INVALID_OPCODE.with_dnr()),
+        };
+        let Outcome {
+            status,
+            effects,
+            persist,
+        } = match outcome {
+            Ok(o) => o,
+            Err(_) => return r.status(cid, Status::INVALID_FIELD.with_dnr()),
+        };
+        for (h, log_type) in &effects.notify {
+            for c in controllers_of_host(&self.target, &subsystem, h) {
+                c.notify_reservation(ns.nsid, *log_type);
+            }
+        }
+        let mut drains = Vec::new();
+        for h in &effects.abort {
+            for c in controllers_of_host(&self.target, &subsystem, h) {
+                if let Some(inflight) = c.ns_inflight.get(&ns.nsid) {
+                    NamespaceReservations::start_abort(inflight);
+                    drains.push(inflight.clone());
+                }
+            }
+        }
+        if persist.is_none() && drains.is_empty() {
+            return r.status(cid, status);
+        }
+        // The preempted hosts' admitted commands drain and the sidecar is
+        // written off this connection's reader; the command stays in
+        // flight (shutdown waits for it) until both are done.
+        tokio::spawn(async move {
+            let mut status = status;
+            if let Some((version, snapshot)) = persist {
+                let ns2 = ns.clone();
+                let written = tokio::task::spawn_blocking(move || {
+                    ns2.reservations.persist(version, snapshot.as_ref())
+                })
+                .await;
+                if !matches!(written, Ok(Ok(()))) {
+                    log::error!(
+                        "namespace {}: the reservation change could not be made durable: {:?}",
+                        ns.nsid,
+                        written
+                    );
+                    status = Status::INTERNAL_ERROR;
+                }
+            }
+            for d in drains {
+                d.drain().await;
+            }
+            r.status(cid, status);
+        });
+    }
+
     fn namespace(&self, ctrl: &Controller, nsid: u32) -> Option<Arc<Namespace>> {
         ctrl.subsystem.as_ref()?.namespaces.get(&nsid).cloned()
     }
@@ -1632,6 +1822,9 @@ impl Connection {
             IoCommand::Fabrics(FabricsCommand::Disconnect(_)) => {
                 r.status(sqe.cid, Status::SUCCESS);
                 return Err(End::Disconnect);
+            }
+            IoCommand::Other(s) if ReservationCommandKind::of_opcode(s.opcode).is_some() => {
+                self.reservation_command(ctrl, sqe, data);
             }
             IoCommand::Fabrics(_) | IoCommand::Other(_) => {
                 r.status(sqe.cid, Status::INVALID_OPCODE.with_dnr());
@@ -1663,18 +1856,33 @@ impl Connection {
                 };
                 let offset = rw.slba << ns.block_shift;
                 let cid = sqe.cid;
+                let sink = match self.admit(ctrl, &ns, Access::Read) {
+                    Ok(sink) => sink,
+                    Err(status) => {
+                        drop(reservation);
+                        r.status(cid, status);
+                        return Ok(());
+                    }
+                };
                 let class = self.class_tag(ctrl, &ns);
                 self.submit_io(
                     ns,
                     ctrl.tenant,
                     class,
                     IoOp::Read { offset, len },
-                    Completion::Sink(r, Responder::tag(cid, true, reservation.into_raw())),
+                    Completion::Sink(sink, Responder::tag(cid, true, reservation.into_raw())),
                 );
             }
             IoCommand::Write(rw) => {
-                let len = match self.check_rw(ctrl, &rw) {
-                    Ok((_, len)) => len,
+                // A conflicting write is refused before its data moves
+                // (nvmet checks at parse time too); it is checked again,
+                // and admitted, when its data is in.
+                let checked = self.check_rw(ctrl, &rw).and_then(|(ns, len)| {
+                    ns.reservations.check(&ctrl.host_id, Access::Write)?;
+                    Ok(len)
+                });
+                let len = match checked {
+                    Ok(len) => len,
                     Err(s) => {
                         r.status(sqe.cid, s);
                         return Ok(());
@@ -1683,8 +1891,12 @@ impl Connection {
                 self.receive_data(ctrl, sqe, len, data);
             }
             IoCommand::DatasetManagement(dsm) => {
-                if self.namespace(ctrl, dsm.nsid).is_none() {
+                let Some(ns) = self.namespace(ctrl, dsm.nsid) else {
                     r.status(sqe.cid, Status::INVALID_NAMESPACE.with_dnr());
+                    return Ok(());
+                };
+                if let Err(s) = ns.reservations.check(&ctrl.host_id, Access::Write) {
+                    r.status(sqe.cid, s);
                     return Ok(());
                 }
                 // The Linux host always sends a buffer of the maximum 256
@@ -1719,6 +1931,13 @@ impl Connection {
                     return Ok(());
                 }
                 let cid = sqe.cid;
+                let sink = match self.admit(ctrl, &ns, Access::Write) {
+                    Ok(sink) => sink,
+                    Err(status) => {
+                        r.status(cid, status);
+                        return Ok(());
+                    }
+                };
                 let class = self.class_tag(ctrl, &ns);
                 let op = IoOp::WriteZeroes {
                     offset: wz.slba << ns.block_shift,
@@ -1729,7 +1948,7 @@ impl Connection {
                     ctrl.tenant,
                     class,
                     op,
-                    Completion::Sink(r, Responder::tag(cid, false, 0)),
+                    Completion::Sink(sink, Responder::tag(cid, false, 0)),
                 );
             }
             IoCommand::Flush { nsid } => self.flush(ctrl, sqe.cid, nsid),
@@ -1947,6 +2166,10 @@ impl Connection {
                 let Some(ns) = self.namespace(ctrl, rw.nsid) else {
                     return r.status(cid, Status::INVALID_NAMESPACE.with_dnr());
                 };
+                let sink = match self.admit(ctrl, &ns, Access::Write) {
+                    Ok(sink) => sink,
+                    Err(status) => return r.status(cid, status),
+                };
                 let class = self.class_tag(ctrl, &ns);
                 let op = IoOp::Write {
                     offset: rw.slba << ns.block_shift,
@@ -1958,8 +2181,12 @@ impl Connection {
                     ctrl.tenant,
                     class,
                     op,
-                    Completion::Sink(r, Responder::tag(cid, false, hold.into_raw())),
+                    Completion::Sink(sink, Responder::tag(cid, false, hold.into_raw())),
                 );
+            }
+            Ok(IoCommand::Other(s)) if ReservationCommandKind::of_opcode(s.opcode).is_some() => {
+                drop(hold);
+                self.reservation_execute(ctrl, sqe, &data);
             }
             Ok(IoCommand::DatasetManagement(dsm)) => {
                 let Some(ns) = self.namespace(ctrl, dsm.nsid) else {
@@ -1969,8 +2196,14 @@ impl Connection {
                     Ok(r) => r,
                     Err(_) => return r.status(cid, Status::INVALID_FIELD.with_dnr()),
                 };
+                // Dataset Management is in the write group even as a hint.
+                let sink = match self.admit(ctrl, &ns, Access::Write) {
+                    Ok(sink) => sink,
+                    Err(status) => return r.status(cid, status),
+                };
                 if !dsm.deallocate() || !ns.info.discard {
                     // Hints only: nothing to do.
+                    sink.inflight.done();
                     return r.status(cid, Status::SUCCESS);
                 }
                 let mut byte_ranges = Vec::with_capacity(ranges.len());
@@ -1981,6 +2214,7 @@ impl Connection {
                         .checked_add(blocks)
                         .is_none_or(|end| end > ns.size_blocks)
                     {
+                        sink.inflight.done();
                         return r.status(cid, Status::LBA_OUT_OF_RANGE.with_dnr());
                     }
                     if blocks > 0 {
@@ -1997,7 +2231,7 @@ impl Connection {
                     IoOp::Discard {
                         ranges: byte_ranges,
                     },
-                    Completion::Sink(r, Responder::tag(cid, false, 0)),
+                    Completion::Sink(sink, Responder::tag(cid, false, 0)),
                 );
             }
             _ => r.status(cid, Status::INTERNAL_ERROR),
@@ -2018,9 +2252,23 @@ impl Connection {
         if targets.is_empty() {
             return r.status(cid, Status::SUCCESS);
         }
+        // Flush is in the write group (as nvmet): every namespace it
+        // names must admit it, else none is flushed.
+        let mut sinks = Vec::with_capacity(targets.len());
+        for ns in &targets {
+            match self.admit(ctrl, ns, Access::Write) {
+                Ok(sink) => sinks.push(sink),
+                Err(status) => {
+                    for s in sinks {
+                        s.inflight.done();
+                    }
+                    return r.status(cid, status);
+                }
+            }
+        }
         let remaining = Arc::new(AtomicUsize::new(targets.len()));
         let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        for ns in targets {
+        for (ns, sink) in targets.into_iter().zip(sinks) {
             let (r, remaining, failed) = (r.clone(), remaining.clone(), failed.clone());
             let class = self.class_tag(ctrl, &ns);
             self.submit_io(
@@ -2029,6 +2277,7 @@ impl Connection {
                 class,
                 IoOp::Flush,
                 Completion::callback(move |done| {
+                    sink.inflight.done();
                     if let Err(e) = &done.result {
                         limited!(
                             r.target.log_limiter,

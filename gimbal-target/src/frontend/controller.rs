@@ -6,7 +6,7 @@
 //! dynamic model: the target picks the ID at admin Connect, and I/O queue
 //! Connects name it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -17,7 +17,10 @@ use nvmf_proto::fabrics::{
     arbitration_mechanism, property, Capabilities, ControllerConfiguration, ControllerStatus,
     FabricsCommand, PropertySize, Version, DISCOVERY_NQN,
 };
-use nvmf_proto::features::{feature_id, Arbitration, NumberOfQueues};
+use nvmf_proto::features::{
+    feature_id, Arbitration, NumberOfQueues, ReservationNotificationMask, ReservationPersistence,
+    HOST_IDENTIFIER_EXHID, HOST_IDENTIFIER_LEN,
+};
 use nvmf_proto::identify::{
     controller_type, oncs, sgls, vwc, ActiveNamespaceList, IdentifyController, IdentifyNamespace,
     LbaFormat, NamespaceIdDescriptor, CTRATT_HOST_ID_128,
@@ -26,12 +29,14 @@ use nvmf_proto::log_page::{
     adrfam, subtype, tcp_sectype, treq, trtype, DiscoveryLogEntry, DiscoveryLogPage,
     GimbalViewPage, SmartLog, ERROR_LOG_ENTRY_LEN, SMART_LOG_LEN,
 };
+use nvmf_proto::reservation::rescap;
 use nvmf_proto::{SglKind, Sqe, Status};
 use qos_core::class_arbiter::{ArbiterConfig, ArbitrationMode, DRR_QUANTUM_UNIT_BYTES};
 use qos_core::congestion::CongestionState;
 use tokio_util::sync::CancellationToken;
 
 use crate::frontend::budget::DISCOVERY_DEFAULT_KATO_MS;
+use crate::frontend::reservation::{NotificationLog, NsInflight};
 use crate::frontend::target::{Namespace, Subsystem, Target};
 
 /// IEEE OUI reported in Identify Controller: none registered, so zero.
@@ -96,6 +101,15 @@ pub struct Controller {
     /// Cancelled when the controller is torn down: every queue connection
     /// of the controller closes.
     pub teardown: CancellationToken,
+    /// Per namespace: this controller's commands admitted past the
+    /// reservation check and not completed (what Preempt and Abort
+    /// drains). The namespaces are fixed for the life of the process.
+    pub ns_inflight: BTreeMap<u32, Arc<NsInflight>>,
+    /// Reservation notifications waiting for the host (log page 80h).
+    resv_log: Mutex<NotificationLog>,
+    /// Reservation Notification Mask per namespace (feature 82h); absent
+    /// is 0 (nothing masked).
+    resv_masks: Mutex<BTreeMap<u32, ReservationNotificationMask>>,
 }
 
 /// What an admin command produced.
@@ -177,7 +191,6 @@ impl Controller {
         let teardown = CancellationToken::new();
         Controller {
             cntlid,
-            subsystem,
             host_nqn: host.nqn,
             host_id: host.id,
             tenant: host.tenant,
@@ -196,6 +209,37 @@ impl Controller {
             last_activity_ms: AtomicU64::new(now_ms),
             ams: AtomicU8::new(arbitration_mechanism::ROUND_ROBIN),
             teardown,
+            ns_inflight: subsystem
+                .as_ref()
+                .map(|s| {
+                    s.namespaces
+                        .keys()
+                        .map(|&n| (n, Arc::new(NsInflight::default())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            resv_log: Mutex::new(NotificationLog::default()),
+            resv_masks: Mutex::new(BTreeMap::new()),
+            subsystem,
+        }
+    }
+
+    /// Logs a reservation notification for this controller's host unless
+    /// the host masked its type on `nsid`. Without Asynchronous Event
+    /// delivery (held AERs are never completed yet) the host finds it by
+    /// reading log page 80h.
+    pub fn notify_reservation(&self, nsid: u32, log_type: u8) {
+        let masked = self
+            .resv_masks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&nsid)
+            .is_some_and(|m| m.masks(log_type));
+        if !masked {
+            self.resv_log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(log_type, nsid);
         }
     }
 
@@ -372,7 +416,7 @@ impl Controller {
             }
             AdminCommand::GetLogPage(glp) => self.log_page(target, sqe, &glp),
             AdminCommand::SetFeatures(sf) => self.set_features(target, &sf),
-            AdminCommand::GetFeatures(gf) => self.get_features(&gf),
+            AdminCommand::GetFeatures(gf) => self.get_features(sqe, &gf),
             AdminCommand::Other(_) => AdminOutcome::status(Status::INVALID_OPCODE.with_dnr()),
         }
     }
@@ -554,6 +598,7 @@ impl Controller {
                 id.mnan = s.max_nsid();
                 let any = |f: fn(&Namespace) -> bool| s.namespaces.values().any(|n| f(n));
                 id.oncs = oncs::WRITE_ZEROES
+                    | oncs::RESERVATIONS
                     | if any(|n| n.info.discard) {
                         oncs::DATASET_MANAGEMENT
                     } else {
@@ -622,6 +667,14 @@ impl Controller {
                 p[8..8 + fr.len().min(8)].copy_from_slice(&fr[..fr.len().min(8)]);
                 p
             }
+            // One notification per read, taken off the log (as nvmet).
+            log_id::RESERVATION_NOTIFICATION if !self.is_discovery() => self
+                .resv_log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .to_bytes()
+                .to_vec(),
             log_id::GIMBAL_VIRTUAL_VIEW if !self.is_discovery() => {
                 let ns = self
                     .subsystem
@@ -661,6 +714,37 @@ impl Controller {
                 AdminOutcome::status(Status::SUCCESS)
             }
             feature_id::ASYNC_EVENT_CONFIGURATION => AdminOutcome::status(Status::SUCCESS),
+            // The host identifier comes with Connect; nvmet refuses to
+            // change it afterwards the same way.
+            feature_id::HOST_IDENTIFIER => {
+                AdminOutcome::status(Status::COMMAND_SEQUENCE_ERROR.with_dnr())
+            }
+            feature_id::RESERVATION_NOTIFICATION_MASK if !self.is_discovery() => {
+                drop(r);
+                self.set_notification_mask(sf)
+            }
+            feature_id::RESERVATION_PERSISTENCE if !self.is_discovery() => {
+                drop(r);
+                let Some(ns) = self.namespace(sf.nsid) else {
+                    return AdminOutcome::status(Status::INVALID_NAMESPACE.with_dnr());
+                };
+                let ptpl = ReservationPersistence::from_dword(sf.cdw11).ptpl;
+                match ns.reservations.set_ptpl(ptpl) {
+                    Err(status) => AdminOutcome::status(status),
+                    Ok(outcome) => {
+                        // A small file written and fsynced on this
+                        // connection's thread: rare, and the host waits
+                        // for it anyway.
+                        if let Some((v, snap)) = outcome.persist {
+                            if let Err(e) = ns.reservations.persist(v, snap.as_ref()) {
+                                log::error!("namespace {}: persisting reservations: {e}", ns.nsid);
+                                return AdminOutcome::status(Status::INTERNAL_ERROR);
+                            }
+                        }
+                        AdminOutcome::ok_dw0(ReservationPersistence { ptpl }.to_dword())
+                    }
+                }
+            }
             feature_id::VOLATILE_WRITE_CACHE if !self.is_discovery() => {
                 // The cache cannot be turned off (page cache); accept enable.
                 if sf.cdw11 & 1 == 1 {
@@ -673,7 +757,61 @@ impl Controller {
         }
     }
 
-    fn get_features(&self, gf: &GetFeatures) -> AdminOutcome {
+    fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.subsystem.as_ref()?.namespaces.get(&nsid)
+    }
+
+    /// Set Features Reservation Notification Mask: one namespace, or every
+    /// one for NSID FFFFFFFFh; reserved bits are Invalid Field (nvmet).
+    fn set_notification_mask(&self, sf: &SetFeatures) -> AdminOutcome {
+        if sf.cdw11 & !ReservationNotificationMask::DEFINED != 0 {
+            return AdminOutcome::status(Status::INVALID_FIELD.with_dnr());
+        }
+        let mask = ReservationNotificationMask::from_dword(sf.cdw11);
+        let nsids: Vec<u32> = if sf.nsid == 0xFFFF_FFFF {
+            self.ns_inflight.keys().copied().collect()
+        } else if self.namespace(sf.nsid).is_some() {
+            vec![sf.nsid]
+        } else {
+            return AdminOutcome::status(Status::INVALID_NAMESPACE.with_dnr());
+        };
+        let mut masks = self.resv_masks.lock().unwrap_or_else(|e| e.into_inner());
+        for n in nsids {
+            masks.insert(n, mask);
+        }
+        AdminOutcome::ok_dw0(mask.to_dword())
+    }
+
+    fn get_features(&self, sqe: &Sqe, gf: &GetFeatures) -> AdminOutcome {
+        match gf.fid {
+            // Only the 128-bit identifier exists over fabrics (EXHID must
+            // be set, as nvmet): 16 bytes of data.
+            feature_id::HOST_IDENTIFIER if !self.is_discovery() => {
+                if gf.cdw11 & HOST_IDENTIFIER_EXHID == 0 {
+                    return AdminOutcome::status(Status::INVALID_FIELD.with_dnr());
+                }
+                if let Err(status) = c2h_transfer_len(sqe, HOST_IDENTIFIER_LEN as u64) {
+                    return AdminOutcome::status(status);
+                }
+                return data_reply(self.host_id.to_vec(), HOST_IDENTIFIER_LEN);
+            }
+            feature_id::RESERVATION_NOTIFICATION_MASK if !self.is_discovery() => {
+                if self.namespace(gf.nsid).is_none() {
+                    return AdminOutcome::status(Status::INVALID_NAMESPACE.with_dnr());
+                }
+                let masks = self.resv_masks.lock().unwrap_or_else(|e| e.into_inner());
+                let mask = masks.get(&gf.nsid).copied().unwrap_or_default();
+                return AdminOutcome::ok_dw0(mask.to_dword());
+            }
+            feature_id::RESERVATION_PERSISTENCE if !self.is_discovery() => {
+                let Some(ns) = self.namespace(gf.nsid) else {
+                    return AdminOutcome::status(Status::INVALID_NAMESPACE.with_dnr());
+                };
+                let ptpl = ns.reservations.snapshot().ptpl;
+                return AdminOutcome::ok_dw0(ReservationPersistence { ptpl }.to_dword());
+            }
+            _ => {}
+        }
         let r = self.regs();
         match gf.fid {
             feature_id::NUMBER_OF_QUEUES if !self.is_discovery() => AdminOutcome::ok_dw0(
@@ -770,6 +908,15 @@ pub fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         dlfeat: if ns.info.discard_zeroes { 0b001 } else { 0 },
         nsfeat: if ns.info.discard { 1 } else { 0 },
         nmic: 1,
+        // Every reservation type, IEKEY as NVMe 1.3 defines it, and PTPL
+        // where the state has somewhere to persist.
+        rescap: rescap::ALL_TYPES
+            | rescap::IEKEY_1_3
+            | if ns.reservations.ptpl_supported() {
+                rescap::PTPL
+            } else {
+                0
+            },
         flbas: 0,
         nguid: ns.nguid,
         lba_formats: vec![LbaFormat::with_block_shift(ns.block_shift)],

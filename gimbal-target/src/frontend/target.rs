@@ -14,10 +14,11 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{self, BackendInfo};
-use crate::config::{NamespaceConfig, QosMode, SubsystemConfig, TargetConfig};
+use crate::config::{BackendConfig, NamespaceConfig, QosMode, SubsystemConfig, TargetConfig};
 use crate::frontend::budget::BytePool;
 use crate::frontend::controller::Controller;
 use crate::frontend::log_limit::LogLimiter;
+use crate::frontend::reservation::{HostId, NamespaceReservations, Sidecar};
 use crate::pipeline::Pipeline;
 
 /// One namespace: its geometry, identity and pipeline.
@@ -41,6 +42,8 @@ pub struct Namespace {
     pub pipeline: Pipeline,
     /// The configuration it was built from.
     pub config: NamespaceConfig,
+    /// Its reservations, shared by every controller of the subsystem.
+    pub reservations: NamespaceReservations,
 }
 
 impl Namespace {
@@ -53,6 +56,13 @@ impl Namespace {
             )
         })?;
         let info = backend.info();
+        let reservations = NamespaceReservations::new(config.nsid, reservation_sidecar(config))
+            .with_context(|| {
+                format!(
+                    "subsystem {subnqn} namespace {}: reading its reservations",
+                    config.nsid
+                )
+            })?;
         let block_shift = config.block_size.trailing_zeros() as u8;
         let mut id = Vec::from(subnqn.as_bytes());
         id.extend_from_slice(&config.nsid.to_le_bytes());
@@ -80,6 +90,7 @@ impl Namespace {
                 }
             },
             config: config.clone(),
+            reservations,
         })
     }
 
@@ -91,6 +102,44 @@ impl Namespace {
         u[8] = (u[8] & 0x3F) | 0x80;
         u
     }
+}
+
+/// Where a namespace's reservations persist (PTPL): beside a `file`
+/// backend's regular file, as `PATH.resv`. Memory backends lose their data
+/// on a restart, so keeping reservations for them would mean nothing, and a
+/// block device has no directory of its own to keep them in: those report
+/// PTPL unsupported (Identify Namespace RESCAP bit 0 clear) and keep their
+/// reservations for the life of the process.
+fn reservation_sidecar(config: &NamespaceConfig) -> Option<Sidecar> {
+    use std::os::unix::fs::FileTypeExt;
+    let BackendConfig::File { path, .. } = &config.backend else {
+        return None;
+    };
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.file_type().is_block_device() || meta.file_type().is_char_device() {
+        return None;
+    }
+    let mut p = path.clone().into_os_string();
+    p.push(".resv");
+    Some(Sidecar::new(p.into()))
+}
+
+/// Live controllers of `subsystem` whose host is `host`.
+pub fn controllers_of_host(
+    target: &Target,
+    subsystem: &Arc<Subsystem>,
+    host: &HostId,
+) -> Vec<Arc<Controller>> {
+    target
+        .controllers()
+        .into_iter()
+        .filter(|c| {
+            &c.host_id == host
+                && c.subsystem
+                    .as_ref()
+                    .is_some_and(|s| Arc::ptr_eq(s, subsystem))
+        })
+        .collect()
 }
 
 fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
