@@ -385,6 +385,9 @@ impl Volume {
             geometry.discard &= g.discard;
             geometry.write_zeroes &= g.write_zeroes;
         }
+        if let Some(a) = attachment {
+            a.fence_replicas(&replicas)?;
+        }
         let replication = if replicated {
             let ids: Vec<String> = replicas
                 .iter()
@@ -514,11 +517,13 @@ fn connect_replica(
     let pc = priority.config;
     let mut classes = pc.classes_in_use(priority.side_channel());
     // One queue per class per ublk queue, and one for the blocking API
-    // (resync copies of replicated volumes).
+    // (resync copies of replicated volumes, reservations in cluster mode).
     opts.io_queues = config
         .queues
         .saturating_mul(classes.len() as u16)
-        .saturating_add(u16::from(config.replicas.len() > 1));
+        .saturating_add(u16::from(
+            config.replicas.len() > 1 || config.cluster.is_some(),
+        ));
     opts.queue_depth = config.queue_depth;
     opts.command_timeout = config.io_timeout;
     opts.header_digest = config.header_digest;

@@ -52,6 +52,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::{ClusterConfig, TargetSpec, VolumeConfig};
 use crate::error::Error;
 
+pub mod fence;
+
 /// A replica as the cluster records name it: `ADDRESS:PORT SUBNQN nsid N`.
 pub fn replica_id(t: &TargetSpec) -> String {
     format!("{}:{} {} nsid {}", t.address, t.port, t.subnqn, t.nsid)
@@ -282,6 +284,41 @@ impl Attachment {
     /// The epoch this host attached with.
     pub fn epoch(&self) -> u64 {
         self.link.epoch
+    }
+
+    /// This epoch's reservation key.
+    pub fn reservation_key(&self) -> u64 {
+        cluster_store::reservation_key(&self.link.name, self.link.epoch)
+    }
+
+    /// Fence every replica (step 2 of the module documentation), unless
+    /// `[cluster] fencing = "none"`.
+    pub fn fence_replicas(&self, replicas: &[crate::volume::ReplicaEndpoint]) -> Result<(), Error> {
+        if self.link.cfg.fencing == crate::config::Fencing::None {
+            log::warn!(
+                "volume {}: [cluster] fencing = \"none\": an older owner that still runs could write",
+                self.link.name
+            );
+            return Ok(());
+        }
+        let key = self.reservation_key();
+        for (i, t) in replicas.iter().enumerate() {
+            let what = format!(
+                "replica {i} ({}:{} {})",
+                t.spec.address, t.spec.port, t.spec.subnqn
+            );
+            match fence::fence(&t.ctrl, t.spec.nsid, key, &what)? {
+                fence::Fenced::Preempted { previous_key } => log::warn!(
+                    "volume {}: {what}: preempted the reservation of key {previous_key:#x}{}",
+                    self.link.name,
+                    cluster_store::reservation_epoch(&self.link.name, previous_key)
+                        .map(|e| format!(" (epoch {e})"))
+                        .unwrap_or_default()
+                ),
+                f => log::info!("volume {}: {what}: {f:?}, key {key:#x}", self.link.name),
+            }
+        }
+        Ok(())
     }
 }
 
