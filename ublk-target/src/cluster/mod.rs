@@ -9,8 +9,8 @@
 //!    [`AttachMode::Takeover`], whatever the owner). A host that loses
 //!    gets an error naming the owner.
 //! 2. The replicas are connected and fenced: this host registers the
-//!    epoch's reservation key on every replica's namespace and acquires a
-//!    Write Exclusive reservation, preempting (and aborting) an older
+//!    epoch's reservation key on every replica's namespace and acquires an
+//!    Exclusive Access reservation, preempting (and aborting) an older
 //!    owner's ([`fence`]). From then on an older owner's writes fail at
 //!    the targets with Reservation Conflict.
 //! 3. The replication state opens from etcd's health record

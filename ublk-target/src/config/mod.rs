@@ -161,7 +161,7 @@ pub struct ClusterConfig {
 /// `[cluster] fencing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fencing {
-    /// A Write Exclusive NVMe reservation per replica namespace, keyed by
+    /// An Exclusive Access NVMe reservation per replica namespace, keyed by
     /// the attach epoch (the default; every target must support
     /// reservations).
     Reservations,
