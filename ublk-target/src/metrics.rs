@@ -71,7 +71,52 @@ pub fn render(vol: &Volume, device: &str) -> String {
     qos(&mut e, v, &s);
     classes(&mut e, v, &s);
     replicas(&mut e, v, &s);
+    cluster(&mut e, v, &s);
     e.finish()
+}
+
+/// Cluster mode (absent without `[cluster]`).
+fn cluster(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
+    let Some(c) = &s.cluster else {
+        return;
+    };
+    let l = [v];
+    e.gauge(
+        "ublk_nvmf_cluster_epoch",
+        "The attach epoch this host owns the volume with (cluster mode).",
+        &l,
+        c.epoch as f64,
+    );
+    e.gauge(
+        "ublk_nvmf_cluster_etcd_reachable",
+        "1 while the last etcd request was answered.",
+        &l,
+        f64::from(u8::from(c.etcd_reachable)),
+    );
+    e.gauge(
+        "ublk_nvmf_cluster_lease_remaining_seconds",
+        "Seconds left on the owner lease at its last renewal (-1: unknown).",
+        &l,
+        c.lease_ttl_left_s as f64,
+    );
+    e.gauge(
+        "ublk_nvmf_cluster_health_generation",
+        "The replica health record's generation in etcd.",
+        &l,
+        c.health_generation as f64,
+    );
+    e.gauge(
+        "ublk_nvmf_cluster_writes_held",
+        "Writes held until etcd records a replica out of sync.",
+        &l,
+        c.writes_waiting as f64,
+    );
+    e.gauge(
+        "ublk_nvmf_cluster_fenced",
+        "1 once this host may not serve the volume any more (another owner).",
+        &l,
+        f64::from(u8::from(c.fenced.is_some())),
+    );
 }
 
 fn counters(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {

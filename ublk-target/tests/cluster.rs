@@ -102,6 +102,18 @@ fn a_takeover_fences_the_old_owner_at_every_replica() {
         "{:?}",
         a_link.status()
     );
+    // Cluster state in /metrics, in Prometheus' own parser's eyes.
+    let page = ublk_target::metrics::render(&a, "");
+    prom_exposition::check::promtool_check(&page).unwrap();
+    assert!(
+        page.contains("ublk_nvmf_cluster_fenced{volume=\"cv\"} 1"),
+        "{page}"
+    );
+    let page = ublk_target::metrics::render(&b, "");
+    assert!(
+        page.contains("ublk_nvmf_cluster_epoch{volume=\"cv\"} 2"),
+        "{page}"
+    );
     b.cluster.as_ref().unwrap().stop_and_wait(true);
     // Released: the next attach needs no takeover.
     drop(a);
