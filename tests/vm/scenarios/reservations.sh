@@ -23,7 +23,7 @@ CONF=/tmp/resv-target.toml
 # How nvme-cli names the status (its text, or the NVMe name).
 RC="[Rr]eservation.?[Cc]onflict|RESERVATION_CONFLICT"
 cat >"$CONF" <<EOC
-listen = ["127.0.0.1:4420"]
+listen = ["127.0.0.1:4420", "127.0.0.2:4420"]
 [[subsystem]]
 nqn = "$NQN"
 allow_any_host = true
@@ -35,8 +35,12 @@ EOC
 rm -f /tmp/resv.img /tmp/resv.img.resv
 gimbal_start "$CONF" || exit 1
 
+# connect ADDR HOSTNQN HOSTID. nvme-cli 2.3 takes a second connection to
+# the same subsystem and address for a duplicate even under another host
+# NQN (--duplicate-connect notwithstanding), so host B uses the target's
+# second address.
 connect() {
-    nvme connect -t tcp -a 127.0.0.1 -s 4420 -n "$NQN" --hostnqn="$1" --hostid="$2" \
+    nvme connect -t tcp -a "$1" -s 4420 -n "$NQN" --hostnqn="$2" --hostid="$3" \
         --ctrl-loss-tmo=60 --reconnect-delay=1
 }
 # ctrl_of HOSTNQN: the controller char device of that host's connection.
@@ -51,8 +55,8 @@ ctrl_of() {
 }
 ctrl_live() { [ "$(cat "/sys/class/nvme/${1#/dev/}/state" 2>/dev/null)" = live ]; }
 
-check "host A connects" connect "$HA" "$IA"
-check "host B connects (another host NQN and ID)" connect "$HB" "$IB"
+check "host A connects" connect 127.0.0.1 "$HA" "$IA"
+check "host B connects (another host NQN and ID)" connect 127.0.0.2 "$HB" "$IB"
 wait_for "host A's controller" 20 ctrl_of "$HA"
 wait_for "host B's controller" 20 ctrl_of "$HB"
 CA=$(ctrl_of "$HA")
