@@ -73,7 +73,10 @@ io_timeout = 5
 [reconnect]
 reconnect_delay = 1
 ctrl_loss_tmo = 600
-keep_alive_tmo = 2
+# Longer than the pause of part 2: the paused owner's connections survive
+# it, so its queued writes reach the targets when it resumes (and meet the
+# new owner's reservation), rather than its controllers being reset first.
+keep_alive_tmo = 30
 [replication]
 region_size = "1m"
 resync_rate = "0"
@@ -131,7 +134,10 @@ sleep 8
 check_output "host $B attaches once host $A's lease ran out" "^/dev/ublkb" add_on $B
 DEV_B=$(dev_on $B)
 check_output "host $B owns epoch 2" "cluster: owner nqn.2026-01.io.test:host$B epoch 2" status_on $B
-fio_verify "host $B: verified writes on the volume it took over" "$DEV_B" randrw 16k 16 24M --offset=24M
+# Sequential, so that a later --verify_only pass rewrites the same layout.
+FIO_B="--name=cvb --filename=$DEV_B --ioengine=libaio --direct=1 --rw=write --bs=16k \
+    --iodepth=16 --size=24M --offset=24M --verify=crc32c --verify_fatal=1"
+check "host $B: verified writes on the volume it took over" fio $FIO_B --do_verify=1
 check "host $A's server resumed (SIGCONT)" kill -CONT "$pid_a"
 wait_for "host $A is fenced" 60 sh -c "UBLK_NVMF_RUN_DIR=/tmp/h$A-run ublk-nvmf status cv | grep -q FENCED"
 status_on $A
@@ -140,7 +146,7 @@ fenced_ok() { ! kill -0 "$fio_a" 2>/dev/null; }
 wait_for "host $A's fio ended with errors" 60 fenced_ok
 check_fails "host $A's fio saw its writes fail" wait "$fio_a"
 check "host $A stops (del)" on_host $A ublk-nvmf del cv
-fio_verify "host $B: a full verification pass of what it wrote" "$DEV_B" randrw 16k 16 24M --offset=24M --verify_only
+check "host $B: a full verification pass of what it wrote" fio $FIO_B --verify_only
 check "host $B: verified writes over the whole volume" fio --name=whole --filename="$DEV_B" \
     --ioengine=libaio --direct=1 --rw=write --bs=64k --iodepth=16 --size=48M \
     --verify=crc32c --verify_fatal=1 --do_verify=1
@@ -151,9 +157,10 @@ check "host $B: verified writes over the whole volume" fio --name=whole --filena
 # stale data; host A starts the volume from etcd's record.
 wait_for "host $B: both replicas in sync" 240 both_in_sync_on $B
 check "target 2 killed" kill -9 "$(daemon_pid t2)"
-FIO_3="--name=cv3 --filename=$DEV_B --ioengine=libaio --direct=1 --rw=write --bs=64k \
+# The same job (and layout) is verified later on host A's device.
+FIO_3="--name=cv3 --ioengine=libaio --direct=1 --rw=write --bs=64k \
     --iodepth=16 --size=48M --verify=crc32c --verify_fatal=1 --verify_pattern=0x5a5a5a5a"
-check "host $B: writes while replica 1 is down" fio $FIO_3 --do_verify=0
+check "host $B: writes while replica 1 is down" fio $FIO_3 --filename="$DEV_B" --do_verify=0
 # The writes completed, so etcd records replica 1 out of sync: nothing is
 # pending.
 status_on $B
@@ -164,13 +171,16 @@ check "target 2 back (stale)" start_target 2
 wait_for_attach() { add_on $A >/tmp/add-a3.out 2>&1; }
 wait_for "host $A attaches once host $B's lease ran out" 60 wait_for_attach
 DEV_A=$(dev_on $A)
+# Host B's device waits for a recovery that will not come (its server
+# was killed): remove it, as an operator would on a dead host.
+check "host $B's dead device removed" on_host $B ublk-nvmf del cv
 status_on $A
 check_output "host $A starts from etcd's record: replica 1 is copied" "replica 1: .* (fencing|failed|resyncing) " status_on $A
 check_output "host $A logged etcd's plan" "etcd's health record .* source replica 0" cat /tmp/h$A-run/cv.log
-check "host $A serves the in-sync replica's data" fio $FIO_3 --filename="$DEV_A" --verify_only
+check "host $A serves the in-sync replica's data" timeout 300 fio $FIO_3 --filename="$DEV_A" --verify_only
 wait_for "host $A: replica 1 resynced" 240 both_in_sync_on $A
 check "target 1 killed: only the resynced replica is left" kill -9 "$(daemon_pid t1)"
-check "the resynced replica alone holds every write" fio $FIO_3 --filename="$DEV_A" --verify_only
+check "the resynced replica alone holds every write" timeout 300 fio $FIO_3 --filename="$DEV_A" --verify_only
 check "target 1 back" start_target 1
 wait_for "host $A: both replicas in sync again" 240 both_in_sync_on $A
 

@@ -319,7 +319,9 @@ impl Requests {
             }
             released += 1;
             let ok = covered && !link.is_fenced();
-            if !ok {
+            if link.is_fenced() {
+                // Logged once by fence_self.
+            } else if !ok {
                 log::error!(
                     "{}: a write waited {} s for etcd to record a replica out of sync; failing it",
                     self.name,
@@ -609,15 +611,22 @@ impl Requests {
         }) else {
             return;
         };
-        if done.status == Status::RESERVATION_CONFLICT {
+        if done.status.is_reservation_conflict() || done.status.same_code(Status::ABORTED_PREEMPT) {
             // Another host holds the namespace's reservation: it fenced
-            // this one (cluster mode: a newer owner). Not a replica
+            // this one (cluster mode: a newer owner; Aborted due to
+            // Preempt and Abort: while it took over). Not a replica
             // failure: no replica goes out of sync, nothing is retried on
             // another replica; the request fails, and so does every later
             // one in cluster mode.
-            let why = format!(
-                "replica {replica} answered Reservation Conflict: another host holds the namespace's reservation"
-            );
+            let why = if done.status.is_reservation_conflict() {
+                format!(
+                    "replica {replica} answered Reservation Conflict: another host holds the namespace's reservation"
+                )
+            } else {
+                format!(
+                    "replica {replica} answered Command Aborted due to Preempt and Abort: another host took the namespace's reservation (Reservation Conflict to come)"
+                )
+            };
             match &self.cluster {
                 Some(c) => c.fence_self(why),
                 None => log::error!("{}: tag {}: {why}", self.name, part.tag),
