@@ -66,16 +66,18 @@ subnqn = "$NQN"
 [host]
 nqn = "nqn.2026-01.io.test:host$1"
 id = "00000000-0000-4000-8000-00000000000$1"
+# The command timeout and the keep-alive are longer than the pause of
+# part 2: the paused owner's commands and connections survive it, so its
+# writes reach the targets when it resumes and meet the new owner's
+# reservation (a shorter bound would time its commands out first, fail a
+# replica, and the health change etcd refuses would fence it instead).
 [io]
 queues = 1
 queue_depth = 64
-io_timeout = 5
+io_timeout = 30
 [reconnect]
 reconnect_delay = 1
 ctrl_loss_tmo = 600
-# Longer than the pause of part 2: the paused owner's connections survive
-# it, so its queued writes reach the targets when it resumes (and meet the
-# new owner's reservation), rather than its controllers being reset first.
 keep_alive_tmo = 30
 [replication]
 region_size = "1m"
@@ -185,27 +187,28 @@ check "target 1 back" start_target 1
 wait_for "host $A: both replicas in sync again" 240 both_in_sync_on $A
 
 # --- 4. etcd members down ------------------------------------------------------------
-fio --name=load --filename="$DEV_A" --ioengine=libaio --direct=1 --rw=randrw --bs=16k \
-    --iodepth=16 --size=16M --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 \
-    --runtime=20 --time_based >"$LOGDIR/fio-load.log" 2>&1 &
+# ~16 s of paced, verified writes, read back at the end.
+fio --name=load --filename="$DEV_A" --ioengine=libaio --direct=1 --rw=write --bs=16k \
+    --iodepth=8 --size=16M --rate=1m --verify=crc32c --verify_fatal=1 --do_verify=1 \
+    >"$LOGDIR/fio-load.log" 2>&1 &
 fio_l=$!
 sleep 4
 check "etcd member 0 killed under load" etcd_kill 0
-check "no I/O error with one etcd member down" wait "$fio_l"
+check "no I/O error with one etcd member down" wait "$fio_l" || tail -n 20 "$LOGDIR/fio-load.log"
 check "etcd member 1 killed too: quorum lost" etcd_kill 1
 fio_verify "I/O goes on without a quorum (no health change needed)" "$DEV_A" randrw 16k 16 8M
+check "target 2 killed without a quorum" kill -9 "$(daemon_pid t2)"
+# Its first write finds replica 1 gone: a health change etcd cannot take.
 fio --name=held --filename="$DEV_A" --ioengine=libaio --direct=1 --rw=write --bs=64k \
     --iodepth=4 --size=8M --offset=32M --verify=crc32c --verify_fatal=1 --do_verify=1 \
     >"$LOGDIR/fio-held.log" 2>&1 &
 fio_h=$!
-sleep 2
-check "target 2 killed without a quorum" kill -9 "$(daemon_pid t2)"
 held() { status_on $A | grep -q "writes held until etcd records"; }
 wait_for "writes that skip replica 1 are held" 60 held
 check_output "status says why" "pending: record replicas \[1\] out of sync" status_on $A
 check "the held writes have not completed" kill -0 "$fio_h"
 check "etcd member 0 back" etcd_restart 0
 check "etcd member 1 back" etcd_restart 1
-check "the held writes complete without an error" wait "$fio_h"
+check "the held writes complete without an error" wait "$fio_h" || tail -n 20 "$LOGDIR/fio-held.log"
 check_output "no errors counted" '"errors":0,' on_host $A ublk-nvmf status cv --json
 check "del" on_host $A ublk-nvmf del cv
