@@ -14,6 +14,7 @@
 
 mod ctx;
 mod error;
+pub mod logging;
 mod secret_file;
 mod size;
 

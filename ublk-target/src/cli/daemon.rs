@@ -635,7 +635,7 @@ fn spawn_background(config: &Path, name: &str, takeover: bool) -> anyhow::Result
         cmd.arg("--takeover");
     }
     // Its stderr is the log file below, not the journal: keep the
-    // timestamps (main.rs, init_logging).
+    // timestamps (config_diag::logging::init_logging).
     cmd.env_remove("JOURNAL_STREAM")
         .env_remove("INVOCATION_ID")
         .stdin(Stdio::null())
