@@ -12,10 +12,14 @@
 //! - [`store`]: a blocking etcd client and the guarded transactions
 //!   (attach by compare-and-swap on the epoch, health writes guarded by
 //!   the writer's epoch);
+//! - [`evol`]: elastic volumes' pool, specs and extent maps, and the
+//!   arbiter's leadership (issue 18), with the transactions that keep a
+//!   physical extent from being mapped twice;
 //! - [`testing`]: a real etcd cluster on loopback for tests.
 //!
 //! The single-host default never touches any of it.
 
+pub mod evol;
 pub mod records;
 pub mod store;
 pub mod testing;

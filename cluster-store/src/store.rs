@@ -245,6 +245,26 @@ impl Store {
         Err(self.unreachable(errors.join("; ")))
     }
 
+    /// One transaction, on whichever member answers.
+    pub(crate) fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+        self.run(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+    }
+
+    /// One read, on whichever member answers.
+    pub(crate) fn get(
+        &self,
+        key: &str,
+        opts: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse, StoreError> {
+        self.run(|mut c| {
+            let opts = opts.clone();
+            async move { c.get(key, opts).await }
+        })
+    }
+
     /// Grants a lease of `ttl` (whole seconds, at least 1).
     pub fn grant_lease(&self, ttl: Duration) -> Result<i64, StoreError> {
         let secs = ttl.as_secs().max(1) as i64;
@@ -515,12 +535,12 @@ impl Store {
     }
 }
 
-fn encode<T: Serialize>(v: &T) -> String {
+pub(crate) fn encode<T: Serialize>(v: &T) -> String {
     // Records are plain structs of strings, numbers and booleans.
     serde_json::to_string(v).unwrap_or_default()
 }
 
-fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
+pub(crate) fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
     let v: serde_json::Value = serde_json::from_slice(b).map_err(|e| e.to_string())?;
     let schema = v.get("schema").and_then(serde_json::Value::as_u64);
     if schema != Some(u64::from(SCHEMA)) {
