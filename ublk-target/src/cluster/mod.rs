@@ -207,6 +207,7 @@ pub fn attach(
             owner,
             committed: None,
             desired: None,
+            latest: None,
             reachable: true,
             last_error: None,
             lease_ttl_left: cc.lease_ttl.as_secs() as i64,
@@ -330,6 +331,11 @@ struct Inner {
     /// The replicas in sync as the replication state has them now, if that
     /// differs from `committed`.
     desired: Option<Vec<bool>>,
+    /// The replicas in sync as the replication state last said (whether
+    /// or not recorded): what `desired` is recomputed from after each
+    /// write, so that a change made while another was being written is
+    /// not lost.
+    latest: Option<Vec<bool>>,
     reachable: bool,
     last_error: Option<String>,
     lease_ttl_left: i64,
@@ -386,9 +392,12 @@ impl ClusterLink {
         self.recorded_out.store(bits, Ordering::Release);
         let mut g = self.lock();
         g.committed = Some((h.clone(), rev));
-        if g.desired.as_deref() == Some(&h.in_sync_set()[..]) {
-            g.desired = None;
-        }
+        // What the replication state wants now, compared with what etcd
+        // has now: a change it asked for while this record was being
+        // written (e.g. a replica that failed again right after its
+        // resync was recorded) is still to be written.
+        let now = h.in_sync_set();
+        g.desired = g.latest.clone().filter(|l| *l != now);
         drop(g);
         if let Err(e) = write_sidecar(
             &self.sidecar,
@@ -422,7 +431,8 @@ impl ClusterLink {
             .committed
             .as_ref()
             .is_some_and(|(h, _)| h.in_sync_set() == in_sync);
-        g.desired = if same { None } else { Some(in_sync) };
+        g.desired = if same { None } else { Some(in_sync.clone()) };
+        g.latest = Some(in_sync);
         drop(g);
         self.wake.notify_all();
     }
@@ -565,7 +575,9 @@ impl ClusterLink {
             Err(e) => {
                 // The local rules never ask for this; refuse loudly.
                 log::error!("volume {}: health record refused: {e}", self.name);
-                self.lock().desired = None;
+                let mut g = self.lock();
+                g.desired = None;
+                g.latest = None;
                 return true;
             }
         };
