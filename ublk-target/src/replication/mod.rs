@@ -95,6 +95,25 @@ struct State {
     health: ReplicaHealth,
     log: IntentLog,
     resync: Option<Resync>,
+    /// Writes in flight (from `before_write` to `after_write`) that skip a
+    /// replica, by byte range: a resync must not copy their bytes while
+    /// they are in flight, even when it starts after they were prepared
+    /// (a write held for etcd may be sent long after), or the copy could
+    /// read the source before the write lands and clear the bit after it.
+    skipping: std::collections::BTreeMap<(u64, u64), u32>,
+}
+
+impl State {
+    /// A planner for `dirty` that knows of the skipping writes in flight.
+    fn planner(&self, config: ResyncConfig, dirty: Vec<u64>, now: Nanos) -> ResyncPlanner {
+        let mut p = ResyncPlanner::new(config, dirty, now);
+        for (&(a, b), &n) in &self.skipping {
+            for _ in 0..n {
+                p.on_user_write_start(a..b);
+            }
+        }
+        p
+    }
 }
 
 /// What `status` shows of one replica.
@@ -255,6 +274,7 @@ impl Replication {
                 health,
                 log,
                 resync: None,
+                skipping: Default::default(),
             }),
             synced: Condvar::new(),
             writable: AtomicU32::new(0),
@@ -303,11 +323,11 @@ impl Replication {
     /// Cluster mode: from now on every change of a replica's sync state is
     /// recorded in etcd through `link`.
     pub fn set_cluster(&self, link: Arc<ClusterLink>) {
-        let in_sync = self.in_sync();
         if self.cluster.set(link).is_ok() {
-            // A change between the first record and now.
+            // A change between the first record and now (read after the
+            // link is set: a change from now on tells it itself).
             if let Some(c) = self.cluster.get() {
-                c.want(in_sync);
+                c.want(self.in_sync());
             }
         }
     }
@@ -407,10 +427,14 @@ impl Replication {
                 wait = wait.max(out.wait_for);
             }
         }
+        if !self.all.is_subset(sent_to) {
+            *st.skipping.entry((range.start, range.end)).or_insert(0) += 1;
+        }
         if let Some(rs) = st.resync.as_mut() {
-            if sent_to.contains(rs.replica) {
-                rs.planner.on_user_write_start(range.clone());
-            }
+            // Also when the write skips the resyncing replica: its bit is
+            // set, and the copy of these bytes must wait for the write to
+            // land on the source.
+            rs.planner.on_user_write_start(range.clone());
         }
         match wait {
             Some(e) => self.make_durable(st, e),
@@ -421,14 +445,22 @@ impl Replication {
     /// The write [`Replication::before_write`] announced has been answered
     /// by every replica it went to.
     pub fn after_write(&self, range: &Range<u64>, sent_to: ReplicaSet) {
-        if !self.resyncing.load(Ordering::Acquire) {
+        let skipped = !self.all.is_subset(sent_to);
+        if !skipped && !self.resyncing.load(Ordering::Acquire) {
             return;
         }
         let mut st = self.lock();
-        if let Some(rs) = st.resync.as_mut() {
-            if sent_to.contains(rs.replica) {
-                rs.planner.on_user_write_done(range.clone());
+        if skipped {
+            let key = (range.start, range.end);
+            if let Some(n) = st.skipping.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    st.skipping.remove(&key);
+                }
             }
+        }
+        if let Some(rs) = st.resync.as_mut() {
+            rs.planner.on_user_write_done(range.clone());
         }
     }
 
@@ -647,9 +679,10 @@ impl Replication {
                         self.name,
                         dirty.len()
                     );
+                    let planner = st.planner(self.resync_config(), dirty, now);
                     st.resync = Some(Resync {
                         replica: r,
-                        planner: ResyncPlanner::new(self.resync_config(), dirty, now),
+                        planner,
                         unflushed: None,
                     });
                     self.publish(st);
@@ -744,8 +777,9 @@ impl Replication {
     /// Restart replica `r`'s resync from the bits its log still has set.
     fn replan(&self, st: &mut State, r: usize, now: Nanos) {
         let dirty: Vec<u64> = st.log.dirty_regions(r).collect();
+        let planner = st.planner(self.resync_config(), dirty, now);
         if let Some(rs) = st.resync.as_mut().filter(|rs| rs.replica == r) {
-            rs.planner = ResyncPlanner::new(self.resync_config(), dirty, now);
+            rs.planner = planner;
         }
     }
 
