@@ -360,16 +360,43 @@ impl Store {
             .transpose()
     }
 
-    /// Writes `rec` into the pool (as the leader).
+    /// Adds `rec` to the pool, or updates it (as the leader). An update
+    /// may move the namespace (address) or grow it, never change what a
+    /// physical extent index means (extent size, subsystem, NSID) nor
+    /// shrink it: mapped extents would then name other bytes.
     pub fn put_namespace(
         &self,
         keys: &EvolKeys,
         lead: Leadership,
         rec: &NamespaceRecord,
     ) -> Result<bool, StoreError> {
+        let key = keys.namespace(&rec.id);
+        let resp = self.get(&key, None)?;
+        let (guard, old) = match resp.kvs().first() {
+            None => (
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                None,
+            ),
+            Some(kv) => (
+                Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
+                Some(decode::<NamespaceRecord>(kv.value()).map_err(|e| bad(&key, e))?),
+            ),
+        };
+        if let Some(o) = old {
+            if o.extent_bytes != rec.extent_bytes
+                || o.subnqn != rec.subnqn
+                || o.nsid != rec.nsid
+                || rec.extents < o.extents
+            {
+                return Err(bad(
+                    &key,
+                    "a namespace's extent size, subsystem and NSID never change and it never shrinks".into(),
+                ));
+            }
+        }
         let txn = Txn::new()
-            .when([leader_guard(keys, lead)])
-            .and_then([TxnOp::put(keys.namespace(&rec.id), encode(rec), None)]);
+            .when([leader_guard(keys, lead), guard])
+            .and_then([TxnOp::put(key, encode(rec), None)]);
         Ok(self.txn(txn)?.succeeded())
     }
 
@@ -478,7 +505,10 @@ impl Store {
 
     /// Unmaps logical extent `index` of `evol` and frees its physical
     /// extents (a discard of the whole extent), as the leader; whether it
-    /// was mapped.
+    /// was mapped so. The caller must keep a freed physical extent out of
+    /// reuse until no client can still write to it under the old map
+    /// (flint-core's allocator zeroes it first; clients' map epochs are
+    /// not built yet).
     pub fn unmap_extent(
         &self,
         keys: &EvolKeys,
@@ -486,16 +516,24 @@ impl Store {
         rec: &ExtentRecord,
     ) -> Result<bool, StoreError> {
         let ekey = keys.extent(&rec.evol, rec.index);
-        let mut ops = vec![TxnOp::delete(ekey.clone(), None)];
+        let back = encode(&PextRecord {
+            schema: SCHEMA,
+            evol: rec.evol.clone(),
+            index: rec.index,
+        });
+        let mut when = vec![
+            leader_guard(keys, lead),
+            Compare::value(ekey.clone(), CompareOp::Equal, encode(rec)),
+        ];
+        let mut ops = vec![TxnOp::delete(ekey, None)];
         for c in &rec.copies {
-            ops.push(TxnOp::delete(keys.pext(&c.namespace, c.pext), None));
+            // Only back pointers to this extent: never free a physical
+            // extent another mapping uses.
+            let k = keys.pext(&c.namespace, c.pext);
+            when.push(Compare::value(k.clone(), CompareOp::Equal, back.clone()));
+            ops.push(TxnOp::delete(k, None));
         }
-        let txn = Txn::new()
-            .when([
-                leader_guard(keys, lead),
-                Compare::value(ekey, CompareOp::Equal, encode(rec)),
-            ])
-            .and_then(ops);
+        let txn = Txn::new().when(when).and_then(ops);
         Ok(self.txn(txn)?.succeeded())
     }
 

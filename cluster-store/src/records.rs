@@ -328,10 +328,14 @@ impl StartPlan {
 ///    skipped it is acknowledged), and nobody records the last in-sync
 ///    replica out of sync, so the source holds every acknowledged write.
 /// 2. Replicas etcd records out of sync are copied: from the local bitmap
-///    if this host wrote the record's generation (nobody owned the volume
-///    since, so the bitmap's bits cover every write they missed: bits are
-///    made durable before a write that skips a replica is sent), else in
-///    full (another host's bitmap is not here).
+///    if this host wrote the record's generation and the record says the
+///    stop was clean (nobody owned the volume since, so the bitmap's bits
+///    cover every write they missed: bits are made durable before a write
+///    that skips a replica is sent), else in full: another host's bitmap
+///    is not here, and after an unclean stop a replica that was resyncing
+///    (out of sync in etcd, yet taking writes) may hold unacknowledged
+///    writes its source lacks, which no bit records. (Stricter than
+///    issue 17's text, which allowed the bitmap after an unclean stop.)
 /// 3. After an unclean stop (the record's `clean_shutdown` is false),
 ///    writes may have been in flight to every in-sync replica and landed
 ///    on some only; nothing records where (the bitmap records only what a
@@ -345,7 +349,8 @@ impl StartPlan {
 ///    replicas converge without a copy; rule 3 does not apply.
 pub fn start_plan(record: &HealthRecord, local: Option<LocalLog>, recovering: bool) -> StartPlan {
     let source = record.replicas.iter().position(|r| r.in_sync).unwrap_or(0);
-    let bitmap_current = local.is_some_and(|l| l.generation == record.generation);
+    let bitmap_current =
+        record.clean_shutdown && local.is_some_and(|l| l.generation == record.generation);
     let unclean = !record.clean_shutdown && !recovering;
     let replicas = record
         .replicas

@@ -466,6 +466,12 @@ impl Store {
                 owner: view.owner.map(Box::new),
             });
         }
+        if view.health.as_ref() == Some(record) {
+            // An earlier attempt committed but its answer was lost (a
+            // member timed out after applying it; `run` retried on the
+            // next one, whose compare then failed): it is written.
+            return Ok(view.health_rev);
+        }
         Err(StoreError::Contended {
             volume: volume.to_owned(),
             what: "health record",
@@ -500,6 +506,10 @@ impl Store {
             return Ok(());
         }
         let view = self.read(keys, volume)?;
+        if view.epoch == owner.epoch && view.owner.as_ref() == Some(owner) {
+            // An earlier attempt committed (see `put_health`).
+            return Ok(());
+        }
         Err(StoreError::NotOwner {
             volume: volume.to_owned(),
             mine: owner.epoch,

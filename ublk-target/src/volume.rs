@@ -318,7 +318,23 @@ impl Volume {
                 } else {
                     AttachMode::Attach
                 };
-                Some(cluster::attach(&config, &host.nqn, mode)?)
+                let a = cluster::attach(&config, &host.nqn, mode)?;
+                // `recover` replays the crashed server's in-flight
+                // requests: only safe if nobody owned the volume since
+                // (else they would overwrite the newer owner's writes).
+                let last = cluster::local_epoch(&config);
+                if recovering && last != Some(a.epoch() - 1) {
+                    let epoch = a.epoch();
+                    a.abandon();
+                    return Err(Error::Usage(format!(
+                        "volume {}: cannot recover the device: another host owned the volume since this server crashed (epoch {} now, this host's last {}); its held requests must not be replayed: remove the device (ublk-nvmf del {}) and add the volume again",
+                        config.name,
+                        epoch - 1,
+                        last.map_or_else(|| "unknown".to_owned(), |e| e.to_string()),
+                        config.name
+                    )));
+                }
+                Some(a)
             }
         };
         match Self::connect_attached(config, host, priority, recovering, attachment.as_ref()) {

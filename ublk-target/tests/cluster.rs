@@ -18,6 +18,14 @@ use ublk_target::volume::{Priority, Volume};
 
 const NQN: &str = "nqn.2026-01.io.test:cluster";
 
+/// One test at a time: see tests/fanout.rs, `SERIAL` (etcd children and
+/// intent-log locks).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn target(serial: &str) -> TargetHandle {
     let toml = format!(
         "listen = [\"127.0.0.1:0\"]\n[[subsystem]]\nnqn = \"{NQN}\"\nserial = \"{serial}\"\nallow_any_host = true\n\
@@ -35,7 +43,7 @@ fn config(ports: &[u16], etcd: &EtcdCluster, dir: &Path, extra: &str) -> VolumeC
     let eps: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
     t += &format!(
         "[priority]\nsource = \"fixed\"\n[replication]\nregion_size = \"1m\"\nbitmap_dir = \"{}\"\n\
-         [cluster]\nendpoints = [{}]\nprefix = \"/ct\"\nlease_ttl = 3\nop_timeout_ms = 500\n{extra}",
+         [cluster]\nendpoints = [{}]\nprefix = \"/ct\"\nlease_ttl = 3\nop_timeout_ms = 300\n{extra}",
         dir.display(),
         eps.join(", ")
     );
@@ -55,6 +63,7 @@ fn connect(c: VolumeConfig, host: u8, takeover: bool) -> Result<Arc<Volume>, Str
 
 #[test]
 fn a_takeover_fences_the_old_owner_at_every_replica() {
+    let _serial = serial();
     let etcd = EtcdCluster::start(3);
     let (t1, t2) = (target("CLUSTER1"), target("CLUSTER2"));
     let ports = [t1.local_addrs()[0].port(), t2.local_addrs()[0].port()];
@@ -124,6 +133,7 @@ fn a_takeover_fences_the_old_owner_at_every_replica() {
 
 #[test]
 fn a_target_without_reservations_is_refused_unless_fencing_is_off() {
+    let _serial = serial();
     let etcd = EtcdCluster::start(3);
     let t = FakeTarget::new(FakeConfig {
         subnqn: NQN.into(),

@@ -26,6 +26,17 @@ use ublk_target::replication::Replication;
 use ublk_target::volume::Stats;
 
 const HOST: &str = "nqn.2026-01.io.test:fanout-host";
+
+/// Held by every test of this binary: the cluster tests start etcd
+/// members (fork and exec), and a child between the two holds a copy of
+/// every descriptor open at that moment, the intent log's flock included,
+/// which makes a test that reopens its log see it "in use by another
+/// process". One test at a time keeps opens and spawns apart.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 const BS: u32 = 512;
 /// Volume (and every namespace) size.
 const SIZE: u64 = 4 << 20;
@@ -173,7 +184,7 @@ impl Rig {
         if let Some(c) = &cluster {
             let eps: Vec<String> = c.endpoints.iter().map(|e| format!("{e:?}")).collect();
             toml += &format!(
-                "[cluster]\nendpoints = [{}]\nprefix = \"/fanout\"\nlease_ttl = 3\nop_timeout_ms = 500\nhealth_wait = 120\n",
+                "[cluster]\nendpoints = [{}]\nprefix = \"/fanout\"\nlease_ttl = 3\nop_timeout_ms = 300\nhealth_wait = 120\n",
                 eps.join(", ")
             );
         }
@@ -417,6 +428,7 @@ fn all_in_sync(cfg: &VolumeConfig, ids: &[String]) {
 
 #[test]
 fn a_write_lands_on_every_replica_and_reads_back() {
+    let _serial = serial();
     let mut rig = Rig::new(&[None, None, None]);
     let data = pattern(1);
     rig.write(0, 0, &data);
@@ -434,6 +446,7 @@ fn a_write_lands_on_every_replica_and_reads_back() {
 
 #[test]
 fn replica_lost_mid_write_completes_on_the_others_and_is_recorded() {
+    let _serial = serial();
     let mut rig = Rig::new(&[None, None, None]);
     let data = pattern(2);
     rig.write(0, 1 << 20, &data);
@@ -460,6 +473,7 @@ fn replica_lost_mid_write_completes_on_the_others_and_is_recorded() {
 
 #[test]
 fn error_status_on_one_part_takes_that_replica_out() {
+    let _serial = serial();
     let mut rig = Rig::new(&[None, Some((Fault::ErrorStatus, Trigger::NthIo(0))), None]);
     let data = pattern(4);
     rig.write(0, 0, &data);
@@ -473,6 +487,7 @@ fn error_status_on_one_part_takes_that_replica_out() {
 
 #[test]
 fn error_status_on_the_only_replica_fails_the_write() {
+    let _serial = serial();
     let mut rig = Rig::new(&[Some((Fault::ErrorStatus, Trigger::NthIo(0))), None]);
     rig.cut(1);
     rig.write(0, 0, &pattern(5));
@@ -483,6 +498,7 @@ fn error_status_on_the_only_replica_fails_the_write() {
 
 #[test]
 fn read_is_retried_on_another_replica_after_an_error() {
+    let _serial = serial();
     // Replica 0 (the primary, so reads go there) fails its second I/O:
     // the read after the write.
     let mut rig = Rig::new(&[Some((Fault::ErrorStatus, Trigger::NthIo(1))), None]);
@@ -499,6 +515,7 @@ fn read_is_retried_on_another_replica_after_an_error() {
 
 #[test]
 fn read_on_a_dropped_replica_moves_to_another() {
+    let _serial = serial();
     let mut rig = Rig::new(&[None, None]);
     let data = pattern(7);
     rig.write(0, 0, &data);
@@ -513,6 +530,7 @@ fn read_on_a_dropped_replica_moves_to_another() {
 
 #[test]
 fn last_in_sync_replica_holds_io_until_it_returns() {
+    let _serial = serial();
     let mut rig = Rig::new(&[None, None]);
     rig.cut(1);
     let data = pattern(8);
@@ -535,6 +553,7 @@ fn last_in_sync_replica_holds_io_until_it_returns() {
 
 #[test]
 fn many_requests_survive_a_replica_loss_between_any_two_steps() {
+    let _serial = serial();
     // Eight writes of distinct data in flight; replica 2 is cut after
     // the first `k` link exchanges, for every k until all completed.
     for k in 0..6 {
@@ -634,6 +653,7 @@ fn health_in_etcd(etcd: &EtcdCluster) -> cluster_store::HealthRecord {
 
 #[test]
 fn cluster_a_write_that_skips_a_replica_waits_for_etcd_and_a_lost_quorum_holds_only_those() {
+    let _serial = serial();
     let mut etcd = EtcdCluster::start(3);
     let eps = etcd.endpoints();
     let dir = Arc::new(tempfile::tempdir().unwrap());
@@ -697,6 +717,7 @@ fn cluster_a_write_that_skips_a_replica_waits_for_etcd_and_a_lost_quorum_holds_o
 
 #[test]
 fn cluster_the_next_owner_starts_from_etcds_record_and_the_same_host_from_its_bitmap() {
+    let _serial = serial();
     let etcd = EtcdCluster::start(3);
     let eps = etcd.endpoints();
     let dir_a = Arc::new(tempfile::tempdir().unwrap());
@@ -776,6 +797,7 @@ fn cluster_the_next_owner_starts_from_etcds_record_and_the_same_host_from_its_bi
 
 #[test]
 fn cluster_a_reservation_conflict_fences_the_host_and_takes_no_replica_out() {
+    let _serial = serial();
     let etcd = EtcdCluster::start(3);
     let eps = etcd.endpoints();
     let dir = Arc::new(tempfile::tempdir().unwrap());

@@ -86,7 +86,7 @@ bitmap_dir = "/tmp/h$1-lib"
 [cluster]
 endpoints = [$(etcd_endpoints)]
 lease_ttl = 6
-op_timeout_ms = 1000
+op_timeout_ms = 500
 health_wait = 300
 EOC
 }

@@ -53,7 +53,18 @@ fn err(what: &str, e: impl std::fmt::Display) -> Error {
 
 /// Make this host (`key`) the holder of `nsid`'s reservation behind
 /// `ctrl`; `what` names the replica in errors.
-pub fn fence(ctrl: &Controller, nsid: u32, key: u64, what: &str) -> Result<Fenced, Error> {
+///
+/// A holder whose key carries a newer epoch of this volume is never
+/// preempted: that owner attached after this host (this host's attach is
+/// stale, e.g. its lease ran out while it was connecting).
+pub fn fence(
+    ctrl: &Controller,
+    nsid: u32,
+    volume: &str,
+    epoch: u64,
+    what: &str,
+) -> Result<Fenced, Error> {
+    let key = cluster_store::reservation_key(volume, epoch);
     if ctrl.info().identify.oncs & oncs::RESERVATIONS == 0 {
         return Err(Error::Usage(format!(
             "{what}: the target does not support reservations (Identify ONCS bit 5); cluster mode fences older owners with them: use a target that does (gimbal-target; Linux nvmet from 6.13 with resv_enable), or set [cluster] fencing = \"none\""
@@ -67,6 +78,15 @@ pub fn fence(ctrl: &Controller, nsid: u32, key: u64, what: &str) -> Result<Fence
             ctrl.reservation_acquire(&ReservationAcquire::acquire(nsid, OWNER_TYPE, key))
                 .map_err(|e| err(what, e))?;
             Fenced::Acquired
+        }
+        Some(previous_key)
+            if cluster_store::reservation_epoch(volume, previous_key)
+                .is_some_and(|e| e > (epoch & 0xffff_ffff)) =>
+        {
+            return Err(Error::Usage(format!(
+                "{what}: a newer owner (epoch {}) holds the volume's reservation; this attach (epoch {epoch}) is stale",
+                cluster_store::reservation_epoch(volume, previous_key).unwrap_or(0)
+            )));
         }
         Some(previous_key) => {
             let cmd = ReservationAcquire {

@@ -105,16 +105,40 @@ pub fn sidecar_path(config: &VolumeConfig) -> PathBuf {
         .join(format!("{}.cluster", config.name))
 }
 
-/// What the intent log at `bitmap` knows (`None` if there is no log).
-pub fn local_log(config: &VolumeConfig, clean_shutdown: bool) -> Option<LocalLog> {
-    let generation = std::fs::read(sidecar_path(config))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Sidecar>(&b).ok())
+/// What this host's intent log knows of the volume, against etcd's
+/// `record`: the bitmap counts as this host's last word only if the
+/// sidecar names the record's generation *and* epoch (a generation alone
+/// could repeat after the record was deleted and made again).
+pub fn local_log(config: &VolumeConfig, clean_shutdown: bool, record: &HealthRecord) -> LocalLog {
+    let generation = read_sidecar(config)
+        .filter(|s| s.epoch == record.epoch)
         .map_or(0, |s| s.generation);
-    Some(LocalLog {
+    LocalLog {
         generation,
         clean_shutdown,
-    })
+    }
+}
+
+fn read_sidecar(config: &VolumeConfig) -> Option<Sidecar> {
+    std::fs::read(sidecar_path(config))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Sidecar>(&b).ok())
+}
+
+/// The epoch this host last served the volume with, per its sidecar.
+pub fn local_epoch(config: &VolumeConfig) -> Option<u64> {
+    read_sidecar(config).map(|s| s.epoch)
+}
+
+/// The volume is opened without `[cluster]`: its log changes without
+/// etcd knowing, so the sidecar must not vouch for it any more.
+pub fn forget_sidecar(config: &VolumeConfig) {
+    let p = sidecar_path(config);
+    if p.exists() {
+        if let Err(e) = std::fs::remove_file(&p) {
+            log::warn!("{}: {e}", p.display());
+        }
+    }
 }
 
 /// Writes the sidecar atomically (temporary file, fsync, rename, fsync of
@@ -227,6 +251,15 @@ pub fn attach(
     })
 }
 
+/// The replicas `h` records out of sync, as bits.
+fn out_bits(h: &HealthRecord) -> u32 {
+    h.replicas
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.in_sync)
+        .fold(0u32, |b, (i, _)| b | (1 << i))
+}
+
 fn store_err(e: StoreError) -> Error {
     Error::Usage(e.to_string())
 }
@@ -265,6 +298,21 @@ impl Attachment {
                     store_err(e)
                 })?;
             link.committed(&next, written);
+        }
+        if let Err(e) = write_sidecar(
+            &link.sidecar,
+            Sidecar {
+                generation: link
+                    .lock()
+                    .committed
+                    .as_ref()
+                    .map_or(0, |(h, _)| h.generation),
+                epoch: link.epoch,
+            },
+        ) {
+            // `recover` on this host then refuses (it cannot tell that
+            // nobody owned the volume since); nothing else depends on it.
+            log::warn!("volume {}: {}: {e}", link.name, link.sidecar.display());
         }
         let store = self.store;
         let l = link.clone();
@@ -308,7 +356,13 @@ impl Attachment {
                 "replica {i} ({}:{} {})",
                 t.spec.address, t.spec.port, t.spec.subnqn
             );
-            match fence::fence(&t.ctrl, t.spec.nsid, key, &what)? {
+            match fence::fence(
+                &t.ctrl,
+                t.spec.nsid,
+                &self.link.name,
+                self.link.epoch,
+                &what,
+            )? {
                 fence::Fenced::Preempted { previous_key } => log::warn!(
                     "volume {}: {what}: preempted the reservation of key {previous_key:#x}{}",
                     self.link.name,
@@ -383,13 +437,7 @@ impl ClusterLink {
     }
 
     fn committed(&self, h: &HealthRecord, rev: i64) {
-        let bits = h
-            .replicas
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| !r.in_sync)
-            .fold(0u32, |b, (i, _)| b | (1 << i));
-        self.recorded_out.store(bits, Ordering::Release);
+        self.recorded_out.store(out_bits(h), Ordering::Release);
         let mut g = self.lock();
         g.committed = Some((h.clone(), rev));
         // What the replication state wants now, compared with what etcd
@@ -427,10 +475,13 @@ impl ClusterLink {
     /// record it (the agent writes it).
     pub fn want(&self, in_sync: Vec<bool>) {
         let mut g = self.lock();
-        let same = g
-            .committed
-            .as_ref()
-            .is_some_and(|(h, _)| h.in_sync_set() == in_sync);
+        // Nothing to write only if etcd has this set *and* the lock-free
+        // bits say so: a record putting a replica back in sync may have
+        // been sent (its bit cleared first) and its outcome be unknown;
+        // then the same set is written again, which settles both.
+        let same = g.committed.as_ref().is_some_and(|(h, _)| {
+            h.in_sync_set() == in_sync && out_bits(h) == self.recorded_out.load(Ordering::Acquire)
+        });
         g.desired = if same { None } else { Some(in_sync.clone()) };
         g.latest = Some(in_sync);
         drop(g);
@@ -581,6 +632,19 @@ impl ClusterLink {
                 return true;
             }
         };
+        // A replica about to be recorded in sync stops covering writes that
+        // skip it now, before the put: from the moment etcd may say "in
+        // sync", a write that skips it must wait for a later record saying
+        // "out" (set only once that record is committed).
+        let going_in = next
+            .replicas
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| r.in_sync && !base.in_sync(*i))
+            .fold(0u32, |b, (i, _)| b | (1 << i));
+        if going_in != 0 {
+            self.recorded_out.fetch_and(!going_in, Ordering::AcqRel);
+        }
         match store.put_health(&self.keys, &self.name, self.epoch, rev, &next) {
             Ok(written) => {
                 self.committed(&next, written);
@@ -664,9 +728,11 @@ impl ClusterLink {
         let committed = self.lock().committed.clone();
         if clean {
             if let Some((h, _)) = committed {
+                // The replication state's own last word, not what was
+                // pending or recorded.
                 let in_sync = self
                     .lock()
-                    .desired
+                    .latest
                     .clone()
                     .unwrap_or_else(|| h.in_sync_set());
                 if !self.write_health(store, &in_sync, true) {

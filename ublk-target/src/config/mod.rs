@@ -39,7 +39,7 @@
 //! endpoints = ["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"]  # it no etcd
 //! prefix = "/ublk-nvmf"   # keys live under PREFIX/volumes/NAME/
 //! lease_ttl = 10          # seconds: how long a silent owner keeps the volume
-//! op_timeout_ms = 2000    # bound on one etcd request
+//! op_timeout_ms = 1000    # bound on one etcd request (x endpoints < lease_ttl / 3)
 //! health_wait = 60        # seconds a write that needs a health change waits for etcd
 //! fencing = "reservations"  # reservations | none
 //! [metrics]               # Prometheus: GET http://LISTEN/metrics; off if absent
@@ -608,14 +608,19 @@ fn parse_cluster(cx: &Ctx<'_>, c: &RawCluster) -> Result<ClusterConfig, ConfigEr
         ClusterConfig::DEFAULT_LEASE_TTL_S,
         2..=300,
     )?;
+    // Default: 1 s, less where the members tried in turn would not fit
+    // between two keep-alives.
+    let default_op = (ttl * 1000 / 3 - 1) / (endpoints.len() as i64);
     let op = cx.int(
         &c.op_timeout_ms,
         "cluster.op_timeout_ms",
-        2000,
+        default_op.clamp(100, 1000),
         100..=60_000,
     )?;
     let wait = cx.int(&c.health_wait, "cluster.health_wait", 60, 1..=3600)?;
-    if op >= ttl * 1000 / 3 {
+    // A request may be tried on every member in turn before it fails:
+    // that must still fit between two keep-alives.
+    if op * (endpoints.len() as i64) >= ttl * 1000 / 3 {
         let s = c
             .op_timeout_ms
             .as_ref()
@@ -627,7 +632,7 @@ fn parse_cluster(cx: &Ctx<'_>, c: &RawCluster) -> Result<ClusterConfig, ConfigEr
             cx.source,
             s,
             None,
-            "cluster.op_timeout_ms must be under a third of lease_ttl (keep-alives go every third of it)",
+            "cluster.op_timeout_ms times the number of endpoints must be under a third of lease_ttl (a request may try every member in turn; keep-alives go every third of the lease)",
         );
         e.field = "cluster.op_timeout_ms".into();
         return Err(e);
@@ -1315,7 +1320,7 @@ nsid = 2
         );
         assert_eq!(c.prefix, "/p");
         assert_eq!(c.lease_ttl, Duration::from_secs(10));
-        assert_eq!(c.op_timeout, Duration::from_millis(2000));
+        assert_eq!(c.op_timeout, Duration::from_millis(1000));
         assert_eq!(c.health_wait, Duration::from_secs(60));
         assert_eq!(c.fencing, Fencing::Reservations);
         let bad = |body: &str| parse(&format!("{GOOD}[cluster]\n{body}")).unwrap_err();

@@ -195,11 +195,14 @@ impl Replication {
         let path = rc.bitmap_path(&config.name);
         let (mut log, opened) = IntentLog::open_or_create(&path, &geometry, identities)
             .map_err(|e| Error::State(e.to_string()))?;
+        if cluster.is_none() {
+            crate::cluster::forget_sidecar(config);
+        }
         if let Some(Some(record)) = cluster {
             let local = match opened {
                 Opened::Created => None,
                 Opened::Existing { clean_shutdown, .. } => {
-                    crate::cluster::local_log(config, clean_shutdown)
+                    Some(crate::cluster::local_log(config, clean_shutdown, record))
                 }
             };
             let plan = cluster_store::start_plan(record, local, recovering);
@@ -632,6 +635,10 @@ impl Replication {
     /// Under the lock: tick the replicas' health, start a resync if a
     /// replica is back, and choose the next step of the running one.
     fn plan(&self, mut st: MutexGuard<'_, State>, ctrls: &[Copier<'_>], now: Nanos) -> Step {
+        if self.cluster.get().is_some_and(|c| c.is_fenced()) {
+            // Another host owns the volume now: no copy may reach a target.
+            return Step::Sleep(Duration::from_millis(100));
+        }
         st.health.tick(now);
         if st.resync.is_none() {
             self.start_resync(&mut st, ctrls, now);
