@@ -42,6 +42,7 @@ pub mod error;
 pub mod extent;
 pub mod ids;
 pub mod placement;
+pub mod view;
 
 pub use error::{FlintError, Result};
 pub use ids::{NamespaceId, PortId, SessionId, TargetId, VolumeId};
