@@ -38,6 +38,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auction;
+pub mod eio;
 pub mod error;
 pub mod extent;
 pub mod ids;
