@@ -44,6 +44,7 @@ pub mod error;
 pub mod extent;
 pub mod ids;
 pub mod placement;
+pub mod sim;
 pub mod view;
 
 pub use error::{FlintError, Result};
