@@ -29,20 +29,33 @@ const MIB: u64 = 1024 * KIB;
 /// How long the runs are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Scale {
-    /// The report's runs: 300 ms of simulated time each.
+    /// The report's runs: one simulated second each.
     Full,
     /// The tests' runs: 100 ms each.
     Quick,
 }
 
 impl Scale {
+    /// Simulated time of each run, milliseconds.
+    pub fn duration_ms(self) -> u64 {
+        match self {
+            Scale::Full => 1000,
+            Scale::Quick => 100,
+        }
+    }
+
+    /// Time not measured at the start of each run, milliseconds (the
+    /// placement experiment's tenant starts at 30 ms).
+    pub fn warmup_ms(self) -> u64 {
+        match self {
+            Scale::Full => 100,
+            Scale::Quick => 50,
+        }
+    }
+
     fn apply(self, spec: &mut RunSpec) {
-        let (duration_ms, warmup_ms) = match self {
-            Scale::Full => (300, 60),
-            Scale::Quick => (100, 50),
-        };
-        spec.duration_ns = duration_ms * 1_000_000;
-        spec.warmup_ns = warmup_ms * 1_000_000;
+        spec.duration_ns = self.duration_ms() * 1_000_000;
+        spec.warmup_ns = self.warmup_ms() * 1_000_000;
     }
 }
 
