@@ -1,7 +1,10 @@
 //! `gimbal-sim`: runs the Gimbal paper's experiments (§5.2–5.5) in
 //! `qos-core`'s deterministic simulation and regenerates
 //! `docs/qos-simulation.md` with its PNG plots
-//! (`cargo run --release -p gimbal-sim`, from the workspace root).
+//! (`cargo run --release -p gimbal-sim`, from the workspace root); its
+//! `flint` subcommand runs Flint's experiments in `flint-core`'s
+//! simulation and regenerates `docs/flint-simulation.md`
+//! (`cargo run --release -p gimbal-sim -- flint`).
 //!
 //! The simulation itself is pure (`qos_core::sim`); this binary only runs
 //! its independent runs on worker threads, renders the report and the plots
@@ -9,6 +12,7 @@
 //! system font is needed) and prints the metrics as JSON. It is a crate of
 //! its own so that the target's runtime does not carry the plotting stack.
 
+mod flint;
 mod plots;
 mod report;
 
@@ -19,7 +23,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use qos_core::sim::engine::{run as run_simulation, RunResult, RunSpec};
 use qos_core::sim::experiments::{check_bar, run_suite, BarCheck, Scale, SuiteResult};
 use serde::Serialize;
@@ -49,6 +53,17 @@ pub struct SimulateArgs {
     /// Simulations to run at once; default: the available cores.
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Another paper's experiments instead of Gimbal's.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The other papers' experiments.
+#[derive(Subcommand, Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Flint (elastic volumes, shadow view, bandwidth auction): regenerate
+    /// docs/flint-simulation.md.
+    Flint(flint::FlintArgs),
 }
 
 impl Default for SimulateArgs {
@@ -60,6 +75,7 @@ impl Default for SimulateArgs {
             quick: false,
             no_report: false,
             jobs: None,
+            command: None,
         }
     }
 }
@@ -77,7 +93,11 @@ pub struct JsonOutput<'a> {
 
 fn main() -> ExitCode {
     let args = SimulateArgs::parse();
-    match run(&args) {
+    let outcome = match &args.command {
+        Some(Command::Flint(flint_args)) => flint::run(flint_args),
+        None => run(&args),
+    };
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gimbal-sim: {e:#}");
