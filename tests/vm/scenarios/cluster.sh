@@ -74,11 +74,11 @@ id = "00000000-0000-4000-8000-00000000000$1"
 [io]
 queues = 1
 queue_depth = 64
-io_timeout = 30
+io_timeout = 45
 [reconnect]
 reconnect_delay = 1
 ctrl_loss_tmo = 600
-keep_alive_tmo = 30
+keep_alive_tmo = 45
 [replication]
 region_size = "1m"
 resync_rate = "0"
@@ -137,8 +137,11 @@ check_output "host $B attaches once host $A's lease ran out" "^/dev/ublkb" add_o
 DEV_B=$(dev_on $B)
 check_output "host $B owns epoch 2" "cluster: owner nqn.2026-01.io.test:host$B epoch 2" status_on $B
 # Sequential, so that a later --verify_only pass rewrites the same layout.
+# Small: the old owner stays paused meanwhile, and must be resumed well
+# within its command timeout and keep-alive (45 s) for its writes to reach
+# the targets.
 FIO_B="--name=cvb --filename=$DEV_B --ioengine=libaio --direct=1 --rw=write --bs=16k \
-    --iodepth=16 --size=24M --offset=24M --verify=crc32c --verify_fatal=1"
+    --iodepth=16 --size=8M --offset=24M --verify=crc32c --verify_fatal=1"
 check "host $B: verified writes on the volume it took over" fio $FIO_B --do_verify=1
 check "host $A's server resumed (SIGCONT)" kill -CONT "$pid_a"
 wait_for "host $A is fenced" 60 sh -c "UBLK_NVMF_RUN_DIR=/tmp/h$A-run ublk-nvmf status cv | grep -q FENCED"

@@ -512,6 +512,17 @@ impl Engine {
     /// and failing held I/O when the policy says so.
     pub fn tick(&mut self, now: Instant) {
         let vol = Arc::clone(&self.volume);
+        if vol.cluster.as_ref().is_some_and(|c| c.is_fenced()) {
+            // Another host owns the volume: requests waiting for a path
+            // (a fence, a reconnect) will never be sent; fail them now
+            // rather than when the path returns.
+            for p in 0..self.paths.len() {
+                let held = std::mem::take(&mut self.paths[p].held);
+                if !held.is_empty() {
+                    self.fail_parts(held);
+                }
+            }
+        }
         for p in 0..self.paths.len() {
             let r = self.paths[p].replica;
             let ctrl = &vol.replicas[r].ctrl;
