@@ -167,7 +167,7 @@ fn an_extent_is_mapped_once_and_a_physical_extent_never_twice() {
 }
 
 #[test]
-fn a_burst_of_first_writes_across_a_failover_maps_nothing_twice() {
+fn first_writes_across_a_failover_map_nothing_twice() {
     let c = EtcdCluster::start(3);
     let s = c.store(OP).unwrap();
     let keys = EvolKeys::new("/ev");
@@ -178,40 +178,46 @@ fn a_burst_of_first_writes_across_a_failover_maps_nothing_twice() {
             .unwrap();
     }
     s.create_evol(&keys, la, &spec("v")).unwrap();
-    // Each arbiter hands out physical extents from its own free set; the
-    // new leader's set is built before the old one's last mappings land
-    // (a stale view): etcd is what keeps them apart.
-    let worker = |lead, from: u64| {
-        let s = c.store(OP).unwrap();
-        let keys = keys.clone();
-        std::thread::spawn(move || {
-            let mut outcomes = Vec::new();
-            for i in 0..24u64 {
-                let l = (from + i) % 32;
-                let p = (from + i) % 64;
-                let copies = [
-                    at(&format!("n{}", l % 4), p),
-                    at(&format!("n{}", (l + 1) % 4), p),
-                ];
-                outcomes.push(s.map_extent(&keys, lead, "v", l, &copies).unwrap());
-            }
-            outcomes
-        })
+    // Both arbiters hand out physical extents from their own view of what
+    // is free: extent l wants physical extent l on two namespaces. The
+    // new leader's view is stale (built before the old one's last
+    // mappings landed): etcd is what keeps them apart.
+    let copies = |l: u64| {
+        [
+            at(&format!("n{}", l % 4), l),
+            at(&format!("n{}", (l + 1) % 4), l),
+        ]
     };
-    let old = worker(la, 0);
-    std::thread::sleep(Duration::from_millis(50));
+    let map = |lead, l: u64| s.map_extent(&keys, lead, "v", l, &copies(l)).unwrap();
+    for l in 0..12 {
+        assert!(matches!(map(la, l), MapOutcome::Mapped(_)), "extent {l}");
+    }
+    // a's lease ends (it died); b is elected.
     s.revoke(a.lease).unwrap();
     let lb = s.campaign(&keys, &leader(&s, "b")).unwrap().unwrap();
-    let new = worker(lb, 8);
-    let (old, new) = (old.join().unwrap(), new.join().unwrap());
-    assert!(
-        old.contains(&MapOutcome::NotLeader),
-        "the old leader was cut off: {old:?}"
+    // a does not know yet: every mapping it still sends is refused.
+    for l in 12..24 {
+        assert_eq!(map(la, l), MapOutcome::NotLeader, "extent {l}");
+    }
+    // b serves first writes to extents a mapped (answered with a's
+    // mapping), and with a stale free set asks for physical extents a
+    // took for other extents (refused: taken), and for free ones (mapped).
+    for l in 6..18 {
+        match map(lb, l) {
+            MapOutcome::AlreadyMapped(r) => assert!(l < 12 && r.copies == copies(l)),
+            MapOutcome::Mapped(_) => assert!(l >= 12, "extent {l}"),
+            other => panic!("extent {l}: {other:?}"),
+        }
+    }
+    let stale = [at("n1", 4), at("n2", 40)];
+    assert_eq!(
+        s.map_extent(&keys, lb, "v", 40, &stale).unwrap(),
+        MapOutcome::PextTaken(at("n1", 4))
     );
-    assert!(new.iter().all(|o| *o != MapOutcome::NotLeader), "{new:?}");
     let pool = s.read_pool(&keys).unwrap();
     assert_eq!(check(&pool), vec![], "no physical extent mapped twice");
-    assert!(!pool.extents.is_empty());
+    assert_eq!(pool.extents.len(), 18);
+    assert_eq!(pool.pexts.len(), 36);
 }
 
 #[test]
