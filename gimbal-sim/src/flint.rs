@@ -5,13 +5,11 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use flint_core::sim::engine::{run as run_simulation, RunResult, RunSpec, Topology};
+use flint_core::sim::engine::{run as run_simulation, RunSpec, Topology};
 use flint_core::sim::experiments::{check_claims, run_suite, ClaimCheck, FlintSuite, Scale};
 use serde::Serialize;
 
@@ -75,7 +73,8 @@ pub fn run(args: &FlintArgs) -> anyhow::Result<()> {
             .unwrap_or(1)
     });
     let started = Instant::now();
-    let runner = move |specs: Vec<RunSpec>| run_in_parallel(specs, jobs.max(1));
+    let runner =
+        move |specs: Vec<RunSpec>| crate::parallel::run_in_parallel(specs, jobs, run_simulation);
     let suite = run_suite(args.seed, scale, &runner);
     let checks = check_claims(&suite);
     if !args.no_report {
@@ -104,33 +103,6 @@ pub fn run(args: &FlintArgs) -> anyhow::Result<()> {
         .collect();
     anyhow::ensure!(failed.is_empty(), "claims not shown: {failed:?}");
     Ok(())
-}
-
-/// Runs independent simulations on up to `jobs` threads; results come back
-/// in the order of `specs` and do not depend on `jobs`.
-pub fn run_in_parallel(specs: Vec<RunSpec>, jobs: usize) -> Vec<RunResult> {
-    let next = AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<RunResult>>> = specs.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.min(specs.len()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(spec) = specs.get(i) else {
-                    break;
-                };
-                let result = run_simulation(spec);
-                *results[i].lock().expect("no panics while holding the lock") = Some(result);
-            });
-        }
-    });
-    results
-        .into_iter()
-        .map(|slot| {
-            slot.into_inner()
-                .expect("no panics while holding the lock")
-                .expect("every run finished")
-        })
-        .collect()
 }
 
 fn gbps(bytes_per_sec: f64) -> String {
@@ -407,7 +379,9 @@ mod tests {
         }
         assert!(!md.contains("**no**"), "{md}");
         let one = |jobs| {
-            let runner = move |specs: Vec<RunSpec>| run_in_parallel(specs, jobs);
+            let runner = move |specs: Vec<RunSpec>| {
+                crate::parallel::run_in_parallel(specs, jobs, run_simulation)
+            };
             run_suite(3, Scale::Quick, &runner)
         };
         assert_eq!(one(1), one(3));

@@ -13,18 +13,17 @@
 //! its own so that the target's runtime does not carry the plotting stack.
 
 mod flint;
+mod parallel;
 mod plots;
 mod report;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use qos_core::sim::engine::{run as run_simulation, RunResult, RunSpec};
+use qos_core::sim::engine::{run as run_simulation, RunSpec};
 use qos_core::sim::experiments::{check_bar, run_suite, BarCheck, Scale, SuiteResult};
 use serde::Serialize;
 
@@ -125,7 +124,7 @@ pub fn run_at_scale(args: &SimulateArgs, scale: Scale) -> anyhow::Result<()> {
             .unwrap_or(1)
     });
     let started = Instant::now();
-    let runner = move |specs: Vec<RunSpec>| run_in_parallel(specs, jobs.max(1));
+    let runner = move |specs: Vec<RunSpec>| parallel::run_in_parallel(specs, jobs, run_simulation);
     let suite = run_suite(args.seed, scale, &runner);
     let checks = check_bar(&suite.utilization, &suite.fairness);
     let elapsed = started.elapsed();
@@ -163,34 +162,6 @@ pub fn write_report(
     Ok(())
 }
 
-/// Runs independent simulations on up to `jobs` threads; results come back
-/// in the order of `specs`. Each run is a pure function of its spec, so
-/// the outcome does not depend on `jobs`.
-fn run_in_parallel(specs: Vec<RunSpec>, jobs: usize) -> Vec<RunResult> {
-    let next = AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<RunResult>>> = specs.iter().map(|_| Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.min(specs.len()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(spec) = specs.get(i) else {
-                    break;
-                };
-                let result = run_simulation(spec);
-                *results[i].lock().expect("no panics while holding the lock") = Some(result);
-            });
-        }
-    });
-    results
-        .into_iter()
-        .map(|slot| {
-            slot.into_inner()
-                .expect("no panics while holding the lock")
-                .expect("every run finished")
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,7 +189,8 @@ mod tests {
             assert!(md.contains(png.file_name().unwrap().to_str().unwrap()));
         }
         let one = |jobs| {
-            let runner = move |specs: Vec<RunSpec>| run_in_parallel(specs, jobs);
+            let runner =
+                move |specs: Vec<RunSpec>| parallel::run_in_parallel(specs, jobs, run_simulation);
             run_suite(3, Scale::Tiny, &runner)
         };
         assert_eq!(one(1), one(3));
