@@ -42,6 +42,31 @@ gimbal_start() {
     wait_for "gimbal-target listens" 20 gimbal_listening
 }
 
+# gimbal_file_target_conf PREFIX N NQN SERIAL SIZE: /tmp/PREFIXN.toml, target
+# N of a multi-target scenario: 127.0.0.1:442N, subsystem NQN, one file
+# namespace (nsid 1, /tmp/PREFIXN.img of SIZE), any host allowed.
+gimbal_file_target_conf() {
+    cat >"/tmp/$1$2.toml" <<EOC
+listen = ["127.0.0.1:442$2"]
+[[subsystem]]
+nqn = "$3"
+serial = "$4"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "file"
+path = "/tmp/$1$2.img"
+size = "$5"
+EOC
+}
+
+# gimbal_file_target_start PREFIX N: starts target N (daemon tN) from
+# /tmp/PREFIXN.toml and waits until it listens.
+gimbal_file_target_start() {
+    start_daemon "t$2" gimbal-target run --config "/tmp/$1$2.toml"
+    wait_for "target $2 listens" 20 gimbal_listening 442"$2"
+}
+
 # nvme_ns_dev NQN NSID: the kernel host's block device for namespace NSID
 # of subsystem NQN (block device names count instances, not NSIDs).
 nvme_ns_dev() {

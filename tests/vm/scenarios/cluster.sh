@@ -26,24 +26,8 @@ require_cmd ublk-nvmf gimbal-target fio etcd wget || exit 1
 require_module ublk_drv || exit 1
 
 NQN=nqn.2026-01.io.gimbal:cluster
-target_conf() {
-    cat >/tmp/t$1.toml <<EOC
-listen = ["127.0.0.1:442$1"]
-[[subsystem]]
-nqn = "$NQN"
-serial = "CLUSTER000$1"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "file"
-path = "/tmp/t$1.img"
-size = "48MiB"
-EOC
-}
-start_target() {
-    start_daemon "t$1" gimbal-target run --config /tmp/t$1.toml
-    wait_for "target $1 listens" 20 gimbal_listening 442"$1"
-}
+target_conf() { gimbal_file_target_conf t "$1" "$NQN" "CLUSTER000$1" 48MiB; }
+start_target() { gimbal_file_target_start t "$1"; }
 target_conf 1
 target_conf 2
 start_target 1 || exit 1

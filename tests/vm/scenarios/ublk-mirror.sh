@@ -21,24 +21,8 @@ require_module ublk_drv || exit 1
 
 NQN=nqn.2026-01.io.gimbal:mirror
 # target_conf N SIZE: config of target N on port 442N with a file namespace.
-target_conf() {
-    cat >/tmp/m$1.toml <<EOC
-listen = ["127.0.0.1:442$1"]
-[[subsystem]]
-nqn = "$NQN"
-serial = "MIRROR000$1"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "file"
-path = "/tmp/m$1.img"
-size = "$2"
-EOC
-}
-start_target() {
-    start_daemon "t$1" gimbal-target run --config /tmp/m$1.toml
-    wait_for "target $1 listens" 20 gimbal_listening 442"$1"
-}
+target_conf() { gimbal_file_target_conf m "$1" "$NQN" "MIRROR000$1" "$2"; }
+start_target() { gimbal_file_target_start m "$1"; }
 target_conf 1 64MiB
 target_conf 2 64MiB
 start_target 1 || exit 1
