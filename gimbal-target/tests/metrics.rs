@@ -5,7 +5,9 @@
 
 mod support;
 
-use prom_exposition::check::{metric_names, promql_metrics, promtool_check, sample_value, scrape};
+use prom_exposition::check::{
+    dashboard_queries, metric_names, promql_metrics, promtool_check, sample_value, scrape,
+};
 use support::*;
 
 const CONFIG: &str = r#"
@@ -115,14 +117,7 @@ fn no_listener_unless_configured() {
 fn the_dashboard_uses_only_exported_metrics() {
     let t = start_target(CONFIG);
     let names = metric_names(&gimbal_target::metrics::render(t.target()));
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../docs/grafana/ublk-nvmf-gimbal-target.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
-    let mut exprs = Vec::new();
-    collect_queries(&dashboard, &mut exprs);
+    let exprs = dashboard_queries();
     let mut used = 0;
     for e in &exprs {
         for m in promql_metrics(e, "gimbal_target_", &names) {
@@ -134,20 +129,4 @@ fn the_dashboard_uses_only_exported_metrics() {
         }
     }
     assert!(used > 10, "{used}");
-}
-
-/// Every `expr` and variable `definition` in a Grafana dashboard.
-fn collect_queries(v: &serde_json::Value, out: &mut Vec<String>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m {
-                match (k.as_str(), v) {
-                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
-                    _ => collect_queries(v, out),
-                }
-            }
-        }
-        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_queries(v, out)),
-        _ => {}
-    }
 }

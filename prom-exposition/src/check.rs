@@ -136,6 +136,37 @@ pub fn promql_metrics(
     out
 }
 
+/// The project's Grafana dashboard (both daemons' panels).
+pub const DASHBOARD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../docs/grafana/ublk-nvmf-gimbal-target.json"
+);
+
+/// Every `expr` and variable `definition` in [`DASHBOARD`]. Panics if it
+/// cannot be read or is not JSON (for tests).
+pub fn dashboard_queries() -> Vec<String> {
+    let text = std::fs::read_to_string(DASHBOARD).expect("the dashboard file");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut out = Vec::new();
+    collect_queries(&dashboard, &mut out);
+    out
+}
+
+fn collect_queries(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
+                    _ => collect_queries(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_queries(v, out)),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use nvmf_initiator::blocking::HostIdentity;
 use nvmf_initiator::fake_target::{FakeConfig, FakeTarget};
-use prom_exposition::check::{metric_names, promql_metrics, promtool_check, sample_value, scrape};
+use prom_exposition::check::{
+    dashboard_queries, metric_names, promql_metrics, promtool_check, sample_value, scrape,
+};
 use ublk_target::config::VolumeConfig;
 use ublk_target::qos::priority::Source;
 use ublk_target::volume::{Priority, Volume};
@@ -166,14 +168,7 @@ fn the_dashboard_uses_only_exported_metrics() {
         &mirror,
         "/dev/ublkb1",
     )));
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../docs/grafana/ublk-nvmf-gimbal-target.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
-    let mut exprs = Vec::new();
-    collect_queries(&dashboard, &mut exprs);
+    let exprs = dashboard_queries();
     assert!(exprs.len() > 20, "{} queries", exprs.len());
     let mut used = 0;
     for e in &exprs {
@@ -190,20 +185,4 @@ fn the_dashboard_uses_only_exported_metrics() {
         }
     }
     assert!(used > 10);
-}
-
-/// Every `expr` and variable `definition` in a Grafana dashboard.
-fn collect_queries(v: &serde_json::Value, out: &mut Vec<String>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m {
-                match (k.as_str(), v) {
-                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
-                    _ => collect_queries(v, out),
-                }
-            }
-        }
-        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_queries(v, out)),
-        _ => {}
-    }
 }
