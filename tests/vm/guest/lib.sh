@@ -141,11 +141,18 @@ stop_daemon() {
     return 0
 }
 
-# finish: stops daemons, dumps their logs when anything failed, prints the
-# result line and exits with the scenario's status.
+# finish [STATUS]: stops daemons, dumps their logs when anything failed,
+# prints the result line and exits with the scenario's status. The EXIT trap
+# passes the shell's exit status: a scenario that stops early (`... || exit
+# 1`, a failing command under `set -e`) counts as failed even when every
+# check it reached passed. A scenario calling `finish` itself passes nothing.
 finish() {
+    _status=${1:-0}
     [ -n "$FINISHED" ] && exit $FAIL
     FINISHED=1
+    if [ "$_status" -ne 0 ] && [ $FAIL -eq 0 ]; then
+        fail "scenario exited early (status $_status) after $PASS passed checks"
+    fi
     for _pidf in "$LOGDIR"/daemon-*.pid; do
         [ -e "$_pidf" ] || continue
         _n=${_pidf##*/daemon-}
@@ -167,7 +174,7 @@ finish() {
     [ $FAIL -eq 0 ]
     exit $?
 }
-trap finish EXIT
+trap 'finish $?' EXIT
 
 # Debian's busybox runs its own applet for a command name it knows, even
 # when a real tool of that name is on PATH (prefer-applets). mke2fs and

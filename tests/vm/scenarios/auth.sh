@@ -196,4 +196,4 @@ check_eq "a wrong key: add fails" 1 "$([ -s /tmp/kw.out ] && ! test -e /dev/ublk
 log "add with a wrong key said: $(cat /tmp/kw.out)"
 check_output "a wrong key: one line naming DH-HMAC-CHAP" "DH-HMAC-CHAP authentication failed" cat /tmp/kw.out
 check_eq "a wrong key: one line" 1 "$(grep -c . /tmp/kw.out)"
-nvmet_clear
+check "nvmet teardown" nvmet_clear
