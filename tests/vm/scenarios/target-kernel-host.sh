@@ -16,7 +16,10 @@ gimbal_start || exit 1
 check_output "nvme discover lists our subsystem" "subnqn: +$NQN" nvme discover -t tcp -a 127.0.0.1 -s 4420
 check_output "discovery entry names the address" "traddr: +127.0.0.1" nvme discover -t tcp -a 127.0.0.1 -s 4420
 check "nvme connect" nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN --reconnect-delay=1 --ctrl-loss-tmo=60
-wait_for "namespace devices appear" 20 nvme_ns_dev $NQN 3
+# Linux (6.5+) scans namespaces asynchronously, in no fixed order: wait
+# for every one, not the last nsid (nsid 3 once appeared before 1 and 2).
+all_ns() { nvme_ns_dev $NQN 1 && nvme_ns_dev $NQN 2 && nvme_ns_dev $NQN 3; }
+wait_for "namespace devices appear" 20 all_ns || exit 1
 ram=$(nvme_ns_dev $NQN 1)
 file=$(nvme_ns_dev $NQN 2)
 null=$(nvme_ns_dev $NQN 3)
