@@ -1,0 +1,1 @@
+//! A blocking client of the arbiter (placeholder, replaced below).
