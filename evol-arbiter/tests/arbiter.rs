@@ -217,7 +217,7 @@ fn standby_refuses_naming_the_leader_and_budgets_are_enforced() {
     let lead = arbs.iter().find(|a| a.id == lead_id).unwrap();
     let standby = arbs.iter().find(|a| a.id != lead_id).unwrap();
     let c = client(&etcd, prefix);
-    setup_pool(&c, 100);
+    setup_pool(&c, 400);
 
     // Concurrent Allocate of one extent: one mapping.
     let answers: Vec<ExtentRecord> = std::thread::scope(|s| {
