@@ -101,9 +101,11 @@ pub struct ArbiterClient {
 fn retryable(s: &Status) -> bool {
     match s.code() {
         Code::Unavailable | Code::Aborted | Code::DeadlineExceeded | Code::Cancelled => true,
-        Code::Unknown | Code::Internal => s.message().contains("transport")
-            || s.message().contains("connection")
-            || s.message().contains("h2"),
+        Code::Unknown | Code::Internal => {
+            s.message().contains("transport")
+                || s.message().contains("connection")
+                || s.message().contains("h2")
+        }
         Code::FailedPrecondition => s.metadata().contains_key(crate::LEADER_METADATA),
         _ => false,
     }

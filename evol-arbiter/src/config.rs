@@ -37,8 +37,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use config_diag::Ctx;
 pub use config_diag::ConfigError;
+use config_diag::Ctx;
 use flint_core::auction::AuctionConfig;
 use flint_core::placement::PlacementWeights;
 use flint_core::view::ViewConfig;
@@ -182,9 +182,7 @@ impl ArbiterConfig {
             Some(v) => {
                 let n = match v.get_ref() {
                     toml::Value::Integer(i) => u64::try_from(*i).map_err(|_| "negative".to_owned()),
-                    toml::Value::String(s) => {
-                        config_diag::parse_size(s).map_err(|e| e.to_string())
-                    }
+                    toml::Value::String(s) => config_diag::parse_size(s).map_err(|e| e.to_string()),
                     _ => Err("expected a size (bytes, or a string like \"2MiB\")".to_owned()),
                 }
                 .map_err(|m| cx.err(v, "extent_bytes", m))?;

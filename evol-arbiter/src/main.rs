@@ -187,7 +187,10 @@ fn size(s: &str) -> anyhow::Result<u64> {
 }
 
 fn print_volumes(v: &[pb::VolumeInfo]) {
-    println!("{:<24} {:>16} {:>6} {:>6} {:>10}", "NAME", "SIZE", "COPIES", "WEIGHT", "MAPPED");
+    println!(
+        "{:<24} {:>16} {:>6} {:>6} {:>10}",
+        "NAME", "SIZE", "COPIES", "WEIGHT", "MAPPED"
+    );
     for v in v {
         println!(
             "{:<24} {:>16} {:>6} {:>6} {:>10}",

@@ -136,7 +136,7 @@ fn failover_under_allocation_load_maps_every_extent_once() {
     let etcd = EtcdCluster::start(3);
     let dir = tempfile::tempdir().unwrap();
     let prefix = "/failover";
-    let mut arbs = vec![
+    let mut arbs = [
         Arb::start(dir.path(), "a", &etcd, prefix),
         Arb::start(dir.path(), "b", &etcd, prefix),
     ];
@@ -191,7 +191,11 @@ fn failover_under_allocation_load_maps_every_extent_once() {
     let view = assert_sound(&etcd, prefix);
     assert_eq!(view.extents.len(), 200);
     for e in &view.extents {
-        assert_eq!(Some(e), by_index.get(&e.index), "etcd holds what was answered");
+        assert_eq!(
+            Some(e),
+            by_index.get(&e.index),
+            "etcd holds what was answered"
+        );
         assert_eq!(e.copies.len(), 2);
         assert_ne!(e.copies[0].namespace, e.copies[1].namespace);
     }
@@ -241,7 +245,9 @@ fn standby_refuses_naming_the_leader_and_budgets_are_enforced() {
         .unwrap();
     rt.block_on(async {
         // The standby refuses mutations, naming the leader and its address.
-        let mut sb = Rpc::connect(format!("http://{}", standby.addr)).await.unwrap();
+        let mut sb = Rpc::connect(format!("http://{}", standby.addr))
+            .await
+            .unwrap();
         let st = wait_for_async(|| {
             let mut sb = sb.clone();
             async move {
@@ -382,7 +388,13 @@ fn standby_refuses_naming_the_leader_and_budgets_are_enforced() {
     assert!(view.extents.is_empty() && view.evols.is_empty() && view.pexts.is_empty());
     // `check` reads etcd alone.
     let out = Command::new(BIN)
-        .args(["check", "--endpoints", &etcd.endpoints().join(","), "--prefix", prefix])
+        .args([
+            "check",
+            "--endpoints",
+            &etcd.endpoints().join(","),
+            "--prefix",
+            prefix,
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -436,5 +448,8 @@ fn config_errors_name_file_line_and_field() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.toml:7:") && err.contains("placement.busy"), "{err}");
+    assert!(
+        err.contains("bad.toml:7:") && err.contains("placement.busy"),
+        "{err}"
+    );
 }

@@ -9,7 +9,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use cluster_store::evol::{EvolSpec, ExtentRecord, Leadership, NamespaceRecord, Placement, PoolView};
+use cluster_store::evol::{
+    EvolSpec, ExtentRecord, Leadership, NamespaceRecord, Placement, PoolView,
+};
 use cluster_store::records::SCHEMA;
 use flint_core::auction::{Auction, Grant, SliceRequest};
 use flint_core::extent::{
@@ -20,7 +22,7 @@ use flint_core::view::{
     BottleneckReport, Condition, IoVector, NamespaceSpec, PortSpec, SessionSpec, SubscriberId,
     SubscriptionId, TargetSpec, ViewController,
 };
-use flint_core::{FlintError, IoKind, Nanos, NamespaceId, PortId, SessionId, TargetId, VolumeId};
+use flint_core::{FlintError, IoKind, NamespaceId, Nanos, PortId, SessionId, TargetId, VolumeId};
 use tonic::Status;
 
 use crate::config::ArbiterConfig;
@@ -301,7 +303,10 @@ impl Core {
                 "eVol {evol} is being deleted"
             )));
         }
-        let (_, map) = self.catalog.volume(vid).expect("volumes are in the catalog");
+        let (_, map) = self
+            .catalog
+            .volume(vid)
+            .expect("volumes are in the catalog");
         if let Some(m) = map.lookup(LogicalExtent(index)) {
             return Ok(Planned::Existing(self.record_of(evol, index, m)));
         }
@@ -314,10 +319,8 @@ impl Core {
             .map_err(flint_status)?;
         self.catalog.apply(&plan).map_err(flint_status)?;
         let record = self.record_of(evol, index, &plan.mapping);
-        self.tentative.insert(
-            (vid, index),
-            Tentative { plan: plan.clone() },
-        );
+        self.tentative
+            .insert((vid, index), Tentative { plan: plan.clone() });
         Ok(Planned::New(Box::new(plan), record))
     }
 
@@ -488,10 +491,8 @@ impl Core {
             .add_session(sid, port, vid)
             .map_err(flint_status)?;
         self.sessions.insert(key, sid);
-        self.session_names.insert(
-            sid,
-            format!("{client}/{evol}@{}", self.port_names[&port]),
-        );
+        self.session_names
+            .insert(sid, format!("{client}/{evol}@{}", self.port_names[&port]));
         Ok((sid, ns_id))
     }
 
@@ -651,7 +652,11 @@ impl Core {
                         fraction: p.fraction,
                     }
                 }
-                None => return Err(Status::invalid_argument("a subscription without a condition")),
+                None => {
+                    return Err(Status::invalid_argument(
+                        "a subscription without a condition",
+                    ))
+                }
             };
             conditions.push(c);
         }
@@ -705,15 +710,16 @@ impl Core {
                 continue;
             };
             let msg = pb::ViewNotification {
-                what: Some(pb::view_notification::What::Condition(pb::ConditionChange {
-                    subscription: s.subs.get(&n.subscription).copied().unwrap_or(0),
-                    holds: n.holds,
-                    value: n.value,
-                    epoch: n.epoch,
-                })),
+                what: Some(pb::view_notification::What::Condition(
+                    pb::ConditionChange {
+                        subscription: s.subs.get(&n.subscription).copied().unwrap_or(0),
+                        holds: n.holds,
+                        value: n.value,
+                        epoch: n.epoch,
+                    },
+                )),
             };
-            if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) = s.tx.try_send(Ok(msg))
-            {
+            if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) = s.tx.try_send(Ok(msg)) {
                 gone.insert(n.subscriber);
             }
         }

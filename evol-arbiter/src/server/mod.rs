@@ -27,7 +27,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use cluster_store::evol::{EvolKeys, EvolSpec, LeaderRecord, Leadership, MapOutcome, NamespaceRecord};
+use cluster_store::evol::{
+    EvolKeys, EvolSpec, LeaderRecord, Leadership, MapOutcome, NamespaceRecord,
+};
 use cluster_store::records::SCHEMA;
 use cluster_store::{Store, StoreConfig, StoreError};
 use flint_core::Nanos;
@@ -70,6 +72,9 @@ struct Counters {
     elections_won: AtomicU64,
 }
 
+/// One lock per logical extent being allocated, by (eVol, index).
+type ExtentLocks = HashMap<(String, u64), Arc<tokio::sync::Mutex<()>>>;
+
 /// State shared by the election thread, the RPC handlers and the timer.
 pub struct Shared {
     config: ArbiterConfig,
@@ -78,7 +83,7 @@ pub struct Shared {
     role: RwLock<Role>,
     core: Mutex<Option<Core>>,
     stores: Mutex<Vec<Store>>,
-    extent_locks: Mutex<HashMap<(String, u64), Arc<tokio::sync::Mutex<()>>>>,
+    extent_locks: Mutex<ExtentLocks>,
     admin: tokio::sync::Mutex<()>,
     grants: tokio::sync::Notify,
     started: Instant,
@@ -109,13 +114,17 @@ impl Shared {
         match role {
             Role::Leading { lead, until, .. } if Instant::now() < until => Ok(lead),
             Role::Leading { .. } => {
-                self.counters.refused_not_leader.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .refused_not_leader
+                    .fetch_add(1, Ordering::Relaxed);
                 Err(Status::unavailable(
                     "this arbiter's lease may have expired (etcd unreachable); it no longer serves; retry",
                 ))
             }
             Role::Standby(leader) => {
-                self.counters.refused_not_leader.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .refused_not_leader
+                    .fetch_add(1, Ordering::Relaxed);
                 Err(not_leader(&self.config.id, leader.as_ref()))
             }
         }
@@ -192,7 +201,11 @@ impl Shared {
     }
 
     /// Allocate: see the RPC's documentation.
-    async fn allocate(self: &Arc<Self>, evol: &str, index: u64) -> Result<pb::AllocateResponse, Status> {
+    async fn allocate(
+        self: &Arc<Self>,
+        evol: &str,
+        index: u64,
+    ) -> Result<pb::AllocateResponse, Status> {
         limits::check_name("evol", evol).map_err(Status::invalid_argument)?;
         self.leading()?;
         let lock = self.extent_lock(evol, index);
@@ -202,7 +215,9 @@ impl Shared {
         self.counters.allocations.fetch_add(1, Ordering::Relaxed);
         for attempt in 0..ALLOCATE_ATTEMPTS {
             if attempt > 0 {
-                self.counters.allocation_retries.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .allocation_retries
+                    .fetch_add(1, Ordering::Relaxed);
             }
             let (lead, planned) = {
                 let lead = self.leading()?;
@@ -234,7 +249,9 @@ impl Shared {
                         if let Some(c) = core {
                             c.commit(&plan);
                         }
-                        self.counters.allocations_new.fetch_add(1, Ordering::Relaxed);
+                        self.counters
+                            .allocations_new
+                            .fetch_add(1, Ordering::Relaxed);
                         Next::Answer(answer(rec, true))
                     }
                     Ok(MapOutcome::AlreadyMapped(rec)) => {
@@ -358,7 +375,11 @@ fn elect(shared: &Arc<Shared>) {
         }
     };
     while !shared.stop.load(Ordering::Relaxed) {
-        let role = shared.role.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let role = shared
+            .role
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         match role {
             Role::Standby(_) => {
                 if let Some(l) = lease.take() {
@@ -406,7 +427,10 @@ fn elect(shared: &Arc<Shared>) {
                                         record: me,
                                     };
                                 lease = Some(id);
-                                shared.counters.elections_won.fetch_add(1, Ordering::Relaxed);
+                                shared
+                                    .counters
+                                    .elections_won
+                                    .fetch_add(1, Ordering::Relaxed);
                                 log::info!(
                                     "leading (leader key revision {}): {} namespaces, {} eVols, {} extents mapped",
                                     lead.revision,
@@ -422,7 +446,9 @@ fn elect(shared: &Arc<Shared>) {
                             }
                         },
                         Err(e) => {
-                            log::warn!("won the election but cannot read the pool: {e}; stepping down");
+                            log::warn!(
+                                "won the election but cannot read the pool: {e}; stepping down"
+                            );
                             let _ = store.revoke(id);
                             sleep(poll);
                         }
@@ -457,7 +483,8 @@ fn elect(shared: &Arc<Shared>) {
                     Ok(None) => shared.depose("the lease expired"),
                     Err(e) => {
                         if Instant::now() >= until {
-                            shared.depose(&format!("cannot renew the lease before it ran out: {e}"));
+                            shared
+                                .depose(&format!("cannot renew the lease before it ran out: {e}"));
                         } else {
                             log::warn!("renewing the lease: {e}");
                         }
@@ -566,7 +593,12 @@ impl Arbiter for Service {
         };
         match written {
             Ok(Some(stored)) if stored == spec => {
-                log::info!("eVol {} created ({} bytes, {} copies)", spec.name, spec.size_bytes, spec.copies);
+                log::info!(
+                    "eVol {} created ({} bytes, {} copies)",
+                    spec.name,
+                    spec.size_bytes,
+                    spec.copies
+                );
                 s.with_core(|c| Ok(Response::new(c.volume_info(&r.name).expect("exists"))))
             }
             Ok(Some(stored)) => {
@@ -579,7 +611,10 @@ impl Arbiter for Service {
             Ok(None) => {
                 undo(s);
                 s.depose("creating an eVol found another leader");
-                Err(s.leading().err().unwrap_or_else(|| Status::unavailable("retry")))
+                Err(s
+                    .leading()
+                    .err()
+                    .unwrap_or_else(|| Status::unavailable("retry")))
             }
             Err(e) => {
                 undo(s);
@@ -615,7 +650,9 @@ impl Arbiter for Service {
             }
             if Instant::now() > deadline {
                 let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
-                return Err(Status::aborted("allocations in flight did not finish; retry"));
+                return Err(Status::aborted(
+                    "allocations in flight did not finish; retry",
+                ));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -655,7 +692,9 @@ impl Arbiter for Service {
                     Ok(())
                 })?;
                 log::info!("eVol {} deleted ({freed} physical extents freed)", r.name);
-                Ok(Response::new(pb::DeleteVolumeResponse { freed_extents: freed }))
+                Ok(Response::new(pb::DeleteVolumeResponse {
+                    freed_extents: freed,
+                }))
             }
             Ok(false) => {
                 let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
@@ -748,7 +787,11 @@ impl Arbiter for Service {
         }
         let s = &self.0;
         let eb = s.config.extent_bytes;
-        let extents = if r.extents > 0 { r.extents } else { r.capacity_bytes / eb };
+        let extents = if r.extents > 0 {
+            r.extents
+        } else {
+            r.capacity_bytes / eb
+        };
         if extents == 0 || extents > 1 << 40 {
             return Err(Status::invalid_argument(format!(
                 "capacity of {extents} extents of {eb} bytes: must be 1..=2^40 (give extents or capacity_bytes)"
@@ -769,7 +812,9 @@ impl Arbiter for Service {
         let rc = rec.clone();
         if !s.etcd(move |st, k| st.put_namespace(k, lead, &rc)).await? {
             s.leading()?;
-            return Err(Status::aborted("the namespace's record changed in etcd; retry"));
+            return Err(Status::aborted(
+                "the namespace's record changed in etcd; retry",
+            ));
         }
         log::info!("namespace {} in the pool ({extents} extents)", rec.id);
         let rebuild = s.with_core(|c| Ok(c.namespace_added(&rec)))?;
@@ -939,7 +984,11 @@ impl Shared {
             ..Default::default()
         };
         match role {
-            Role::Leading { lead, until, record } => {
+            Role::Leading {
+                lead,
+                until,
+                record,
+            } => {
                 st.leading = Instant::now() < until;
                 st.leader_id = record.id;
                 st.leader_address = record.address;
@@ -967,14 +1016,54 @@ impl Shared {
         let st = self.status();
         let mut e = prom_exposition::Exposition::new();
         let c = &self.counters;
-        e.gauge("evol_arbiter_leading", "1 while this instance leads.", &[], if st.leading { 1.0 } else { 0.0 });
-        e.counter("evol_arbiter_allocations_total", "Allocate requests served (mapped already or new).", &[], c.allocations.load(Ordering::Relaxed));
-        e.counter("evol_arbiter_allocations_new_total", "Extents newly mapped.", &[], c.allocations_new.load(Ordering::Relaxed));
-        e.counter("evol_arbiter_allocation_retries_total", "Allocation attempts repeated after a lost race.", &[], c.allocation_retries.load(Ordering::Relaxed));
-        e.counter("evol_arbiter_refused_not_leader_total", "Requests refused because this instance does not lead.", &[], c.refused_not_leader.load(Ordering::Relaxed));
-        e.counter("evol_arbiter_elections_won_total", "Elections this instance won.", &[], c.elections_won.load(Ordering::Relaxed));
-        e.gauge("evol_arbiter_mapped_extents", "Logical extents mapped (leader only).", &[], st.mapped_extents as f64);
-        e.gauge("evol_arbiter_free_extents", "Free physical extents in the pool (leader only).", &[], st.free_extents as f64);
+        e.gauge(
+            "evol_arbiter_leading",
+            "1 while this instance leads.",
+            &[],
+            if st.leading { 1.0 } else { 0.0 },
+        );
+        e.counter(
+            "evol_arbiter_allocations_total",
+            "Allocate requests served (mapped already or new).",
+            &[],
+            c.allocations.load(Ordering::Relaxed),
+        );
+        e.counter(
+            "evol_arbiter_allocations_new_total",
+            "Extents newly mapped.",
+            &[],
+            c.allocations_new.load(Ordering::Relaxed),
+        );
+        e.counter(
+            "evol_arbiter_allocation_retries_total",
+            "Allocation attempts repeated after a lost race.",
+            &[],
+            c.allocation_retries.load(Ordering::Relaxed),
+        );
+        e.counter(
+            "evol_arbiter_refused_not_leader_total",
+            "Requests refused because this instance does not lead.",
+            &[],
+            c.refused_not_leader.load(Ordering::Relaxed),
+        );
+        e.counter(
+            "evol_arbiter_elections_won_total",
+            "Elections this instance won.",
+            &[],
+            c.elections_won.load(Ordering::Relaxed),
+        );
+        e.gauge(
+            "evol_arbiter_mapped_extents",
+            "Logical extents mapped (leader only).",
+            &[],
+            st.mapped_extents as f64,
+        );
+        e.gauge(
+            "evol_arbiter_free_extents",
+            "Free physical extents in the pool (leader only).",
+            &[],
+            st.free_extents as f64,
+        );
         e.finish()
     }
 }
@@ -1040,8 +1129,9 @@ pub async fn start(config: ArbiterConfig) -> anyhow::Result<Running> {
         None => None,
         Some(a) => {
             let s = Arc::clone(&shared);
-            let m = prom_exposition::MetricsServer::start(a, "arbiter-metrics", move || s.metrics())
-                .map_err(|e| anyhow::anyhow!("metrics on {a}: {e}"))?;
+            let m =
+                prom_exposition::MetricsServer::start(a, "arbiter-metrics", move || s.metrics())
+                    .map_err(|e| anyhow::anyhow!("metrics on {a}: {e}"))?;
             log::info!("metrics at http://{}/metrics", m.local_addr());
             Some(m)
         }
