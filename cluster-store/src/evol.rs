@@ -537,6 +537,47 @@ impl Store {
         Ok(self.txn(txn)?.succeeded())
     }
 
+    /// Replaces eVol `old`'s spec with `new` (as the leader), if the spec
+    /// in etcd is still `old`: whether it was replaced. The caller keeps
+    /// what an index means (extent size) and never shrinks (mapped
+    /// extents beyond the new end would dangle).
+    pub fn update_evol(
+        &self,
+        keys: &EvolKeys,
+        lead: Leadership,
+        old: &EvolSpec,
+        new: &EvolSpec,
+    ) -> Result<bool, StoreError> {
+        let key = keys.spec(&old.name);
+        let txn = Txn::new()
+            .when([
+                leader_guard(keys, lead),
+                Compare::value(key.clone(), CompareOp::Equal, encode(old)),
+            ])
+            .and_then([TxnOp::put(key, encode(new), None)]);
+        Ok(self.txn(txn)?.succeeded())
+    }
+
+    /// Deletes eVol `spec`'s spec key (as the leader), if it is still
+    /// `spec`: whether it was deleted. Unmap its extents first
+    /// ([`Store::unmap_extent`]): a mapping left behind would hold its
+    /// physical extents for a volume nobody can name.
+    pub fn delete_evol(
+        &self,
+        keys: &EvolKeys,
+        lead: Leadership,
+        spec: &EvolSpec,
+    ) -> Result<bool, StoreError> {
+        let key = keys.spec(&spec.name);
+        let txn = Txn::new()
+            .when([
+                leader_guard(keys, lead),
+                Compare::value(key.clone(), CompareOp::Equal, encode(spec)),
+            ])
+            .and_then([TxnOp::delete(key, None)]);
+        Ok(self.txn(txn)?.succeeded())
+    }
+
     /// Reads the whole eVol layer at one revision (for [`check`], and for
     /// an arbiter taking over: its free sets come from the `pext` keys).
     pub fn read_pool(&self, keys: &EvolKeys) -> Result<PoolView, StoreError> {

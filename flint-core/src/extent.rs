@@ -942,6 +942,19 @@ impl ExtentCatalog {
         Ok(mapping)
     }
 
+    /// Puts a free physical extent in the zeroing state: what a catalog
+    /// rebuilt from stored mappings does with the extents its owner freed
+    /// (unmapped) but has not zeroed yet, which the stored mappings no
+    /// longer show.
+    pub fn quarantine(&mut self, placement: Placement) -> Result<()> {
+        let a = self
+            .namespaces
+            .get_mut(&placement.namespace)
+            .ok_or(FlintError::UnknownNamespace(placement.namespace))?;
+        a.take(placement.physical)?;
+        a.release(placement.physical)
+    }
+
     /// The zeroing of `placement` finished: its extent is free again.
     pub fn zeroed(&mut self, placement: Placement) -> Result<()> {
         self.namespaces

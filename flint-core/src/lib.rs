@@ -6,8 +6,8 @@
 //! every call that depends on time takes `now` ([`Nanos`]), every container
 //! whose iteration order reaches a decision is ordered (`BTreeMap`,
 //! `BTreeSet`, `VecDeque`), and every queue and batch has a limit. The
-//! arbiter binary (etcd leadership, RPC, extent maps in etcd) and the
-//! client's data path drive these types; neither exists yet.
+//! arbiter binary (`evol-arbiter`: etcd leadership, RPC, extent maps in
+//! etcd) and the client's data path (not built yet) drive these types.
 //!
 //! Arbiter side:
 //! - [`extent`]: extent geometry, a volume's extent map, the per-namespace
