@@ -112,8 +112,7 @@ impl Mapped {
 
     /// The members holding a copy.
     pub fn members(&self) -> ReplicaSet {
-        self.copies()
-            .fold(ReplicaSet::EMPTY, |s, (m, _)| s.with(m))
+        self.copies().fold(ReplicaSet::EMPTY, |s, (m, _)| s.with(m))
     }
 
     /// The physical extent member `member` holds, if it holds a copy.
@@ -585,8 +584,14 @@ mod tests {
     fn a_request_is_split_at_every_extent_boundary() {
         let v: Vec<Piece> = pieces(E, E - 4096, 2 * E + 8192).collect();
         assert_eq!(v.len(), 4);
-        assert_eq!((v[0].index, v[0].offset, v[0].len, v[0].at), (0, E - 4096, 4096, 0));
-        assert_eq!((v[1].index, v[1].offset, v[1].len, v[1].at), (1, 0, E, 4096));
+        assert_eq!(
+            (v[0].index, v[0].offset, v[0].len, v[0].at),
+            (0, E - 4096, 4096, 0)
+        );
+        assert_eq!(
+            (v[1].index, v[1].offset, v[1].len, v[1].at),
+            (1, 0, E, 4096)
+        );
         assert_eq!((v[2].index, v[2].len, v[2].at), (2, E, 4096 + E));
         assert_eq!((v[3].index, v[3].offset, v[3].len), (3, 0, 4096));
         assert_eq!(v.iter().map(|p| p.len).sum::<u64>(), 2 * E + 8192);

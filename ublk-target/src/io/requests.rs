@@ -319,7 +319,8 @@ impl Requests {
         depth: u16,
     ) -> Self {
         debug_assert!(!nsids.is_empty());
-        debug_assert!(replication.is_some() || nsids.len() == 1);
+        // Several paths without a replica set: only an eVol's members
+        // (`set_evol` follows).
         Requests {
             name,
             nsids,
@@ -555,7 +556,9 @@ impl Requests {
                         // SAFETY: the tag's buffer is ours until the tag
                         // completes (see `TagBuf`); this piece's bytes
                         // are written by nothing else (no part reads it).
-                        unsafe { std::ptr::write_bytes(ptr.add(r.start), 0, r.len().min(l - r.start)) };
+                        unsafe {
+                            std::ptr::write_bytes(ptr.add(r.start), 0, r.len().min(l - r.start))
+                        };
                     }
                 }
                 // Discard, write-zeroes: an unmapped extent reads as
@@ -649,10 +652,9 @@ impl Requests {
                 }
             }
             let state = match state {
-                Ok(false) if at.saturating_duration_since(w.since) > wait => Err(format!(
-                    "no mapping within {} s",
-                    wait.as_secs_f64()
-                )),
+                Ok(false) if at.saturating_duration_since(w.since) > wait => {
+                    Err(format!("no mapping within {} s", wait.as_secs_f64()))
+                }
                 s => s,
             };
             match state {
@@ -757,7 +759,8 @@ impl Requests {
                 let copies = if op == Op::Read {
                     // Checked non-empty when planned; copies only go stale.
                     let r = ev.map.readable(e.piece.index, &e.copies);
-                    r.first().map_or(e.copies.members(), qos_core::ReplicaSet::one)
+                    r.first()
+                        .map_or(e.copies.members(), qos_core::ReplicaSet::one)
                 } else {
                     e.copies.members()
                 };
@@ -846,7 +849,9 @@ impl Requests {
                     // write rather than acknowledge what one copy may not
                     // hold (see `crate::evol`).
                     if let Some(ev) = &self.evol {
-                        if let Some(e) = ev.pieces[usize::from(part.tag)].get(usize::from(part.piece)) {
+                        if let Some(e) =
+                            ev.pieces[usize::from(part.tag)].get(usize::from(part.piece))
+                        {
                             ev.map.mark_stale(e.piece.index, usize::from(part.copy));
                         }
                     }
@@ -1062,7 +1067,9 @@ impl Requests {
             None => self.readable(),
             Some(ev) => ev.pieces[usize::from(part.tag)]
                 .get(usize::from(part.piece))
-                .map_or(ReplicaSet::EMPTY, |e| ev.map.readable(e.piece.index, &e.copies)),
+                .map_or(ReplicaSet::EMPTY, |e| {
+                    ev.map.readable(e.piece.index, &e.copies)
+                }),
         }
     }
 
