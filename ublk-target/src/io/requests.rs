@@ -523,7 +523,7 @@ impl Requests {
         let list = &mut ev.pieces[t];
         list.clear();
         let bs = ev.block_size;
-        let (start, len, data) = match (&p.command, &write) {
+        let (start, len) = match (&p.command, &write) {
             (Command::Flush { .. }, _) => {
                 // Every member that holds any extent; none: nothing was
                 // ever written, nothing to flush.
@@ -533,9 +533,9 @@ impl Requests {
                     EvolPlan::Go
                 };
             }
-            (Command::Read { slba, .. }, _) => (slba * bs, p.buf.map_or(0, |b| b.1 as u64), true),
-            (Command::Write { slba, .. }, _) => (slba * bs, p.buf.map_or(0, |b| b.1 as u64), true),
-            (_, Some(r)) => (r.start, r.end - r.start, false),
+            (Command::Read { slba, .. }, _) => (slba * bs, p.buf.map_or(0, |b| b.1 as u64)),
+            (Command::Write { slba, .. }, _) => (slba * bs, p.buf.map_or(0, |b| b.1 as u64)),
+            (_, Some(r)) => (r.start, r.end - r.start),
             _ => {
                 log::error!("{}: an eVol request with no range", self.name);
                 return EvolPlan::Done(false);
@@ -566,7 +566,6 @@ impl Requests {
                 None => {}
             }
         }
-        let _ = data;
         if !needs.is_empty() {
             list.clear();
             return EvolPlan::Wait(needs);
