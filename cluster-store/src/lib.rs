@@ -23,6 +23,7 @@ pub mod evol;
 pub mod records;
 pub mod store;
 pub mod testing;
+pub mod watch;
 
 pub use records::{
     reservation_epoch, reservation_key, start_plan, HealthRecord, LocalLog, OwnerRecord,

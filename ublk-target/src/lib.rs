@@ -42,6 +42,7 @@ pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod error;
+pub mod evol;
 pub mod io;
 pub mod metrics;
 pub mod qos;

@@ -114,6 +114,28 @@ pub struct StatsSnapshot {
     /// Cluster mode: owner, epoch, lease, etcd, health generation.
     #[serde(default)]
     pub cluster: Option<cluster::ClusterStatus>,
+    /// Elastic volumes: the map and the writes waiting for it.
+    #[serde(default)]
+    pub evol: Option<EvolStatus>,
+}
+
+/// What `status` shows of an eVol.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct EvolStatus {
+    /// The eVol's name in etcd.
+    pub name: String,
+    /// Pool namespaces connected (members).
+    pub members: usize,
+    /// Extents mapped (in this client's cache).
+    pub extents_mapped: usize,
+    /// Allocations this client asked for.
+    pub allocations: u64,
+    /// Writes waiting for an extent's mapping now.
+    pub writes_waiting: usize,
+    /// How long the oldest of them has waited (ms).
+    pub oldest_wait_ms: u64,
+    /// Copies that missed a write and serve no reads.
+    pub stale_copies: usize,
 }
 
 /// What `status` shows of one replica.
@@ -283,6 +305,156 @@ pub struct Volume {
     pub replication: Option<Arc<Replication>>,
     /// Cluster mode (`[cluster]`): ownership, fencing, health in etcd.
     pub cluster: Option<Arc<ClusterLink>>,
+    /// Elastic volumes (`[evol]`): the extent map and the threads that
+    /// keep it current; `replicas` are then the pool's members.
+    pub evol: Option<EvolRuntime>,
+}
+
+/// An elastic volume's running parts (see [`crate::evol`]).
+pub struct EvolRuntime {
+    /// The cached extent map, shared by the queue threads.
+    pub map: Arc<crate::evol::ExtentMap>,
+    /// `[evol] alloc_wait`.
+    pub wait: std::time::Duration,
+    _watch: cluster_store::watch::ExtentWatch,
+    _alloc: crate::evol::AllocatorThread,
+}
+
+/// The allocator an eVol's first writes use.
+///
+/// THE LEAD PLUGS THE ARBITER IN HERE: return an adapter over
+/// `evol_arbiter::client::ArbiterClient` (its `allocate` has the same
+/// arguments; map its `ArbiterError` to a `String`). Until then first
+/// writes to unmapped extents fail with EIO (and say why in the log);
+/// reads, and writes to extents mapped by anyone else, work.
+pub fn evol_allocator(_config: &VolumeConfig) -> Arc<dyn crate::evol::ExtentAllocator> {
+    struct NoArbiter;
+    impl crate::evol::ExtentAllocator for NoArbiter {
+        fn allocate(
+            &self,
+            _evol: &str,
+            _index: u64,
+            _deadline: std::time::Instant,
+        ) -> Result<cluster_store::evol::ExtentRecord, String> {
+            Err("this build has no arbiter client (crate::volume::evol_allocator)".into())
+        }
+    }
+    Arc::new(NoArbiter)
+}
+
+/// An eVol's spec and pool from etcd: the members (sorted by namespace
+/// id) become `config.replicas`.
+fn evol_prepare(
+    config: &mut VolumeConfig,
+) -> Result<(cluster_store::evol::EvolSpec, Vec<String>), Error> {
+    let (Some(ev), Some(cc)) = (&config.evol, &config.cluster) else {
+        return Err(Error::Usage("an eVol needs [evol] and [cluster]".into()));
+    };
+    let store = cluster_store::Store::connect(cluster_store::StoreConfig {
+        endpoints: cc.endpoints.clone(),
+        op_timeout: cc.op_timeout,
+    })
+    .map_err(|e| Error::Usage(e.to_string()))?;
+    let keys = cluster_store::evol::EvolKeys::new(&cc.prefix);
+    let pool = store
+        .read_pool(&keys)
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    let spec = pool.evols.get(&ev.name).cloned().ok_or_else(|| {
+        Error::Usage(format!(
+            "eVol {}: no spec in etcd under {} (create it with the arbiter first)",
+            ev.name, cc.prefix
+        ))
+    })?;
+    let mut members = Vec::new();
+    let mut specs = Vec::new();
+    for n in pool.namespaces.values() {
+        if n.extent_bytes != spec.extent_bytes {
+            continue;
+        }
+        let (host, port) = n.address.rsplit_once(':').ok_or_else(|| {
+            Error::Usage(format!(
+                "pool namespace {}: address {} is not HOST:PORT",
+                n.id, n.address
+            ))
+        })?;
+        specs.push(crate::config::TargetSpec {
+            address: host.trim_matches(|c| c == '[' || c == ']').to_owned(),
+            port: port
+                .parse()
+                .map_err(|_| Error::Usage(format!("pool namespace {}: bad port", n.id)))?,
+            subnqn: n.subnqn.clone(),
+            nsid: n.nsid,
+        });
+        members.push(n.id.clone());
+    }
+    if members.len() > crate::evol::MAX_MEMBERS || members.is_empty() {
+        return Err(Error::Usage(format!(
+            "eVol {}: the pool has {} namespaces of {}-byte extents; a client uses 1 to {} per volume (copies are named in a 16-bit set)",
+            ev.name,
+            members.len(),
+            spec.extent_bytes,
+            crate::evol::MAX_MEMBERS
+        )));
+    }
+    config.target = specs[0].clone();
+    config.replicas = specs;
+    Ok((spec, members))
+}
+
+/// Start an eVol's map: read it with its revision, watch it from there,
+/// start the allocator thread.
+fn evol_start(
+    config: &VolumeConfig,
+    spec: &cluster_store::evol::EvolSpec,
+    members: Vec<String>,
+) -> Result<EvolRuntime, Error> {
+    let (Some(ev), Some(cc)) = (&config.evol, &config.cluster) else {
+        return Err(Error::Usage("an eVol needs [evol] and [cluster]".into()));
+    };
+    let map = Arc::new(
+        crate::evol::ExtentMap::new(&ev.name, spec.size_bytes, spec.extent_bytes, members)
+            .map_err(Error::Usage)?,
+    );
+    let sc = cluster_store::StoreConfig {
+        endpoints: cc.endpoints.clone(),
+        op_timeout: cc.op_timeout,
+    };
+    let store =
+        cluster_store::Store::connect(sc.clone()).map_err(|e| Error::Usage(e.to_string()))?;
+    let keys = cluster_store::evol::EvolKeys::new(&cc.prefix);
+    let snap = store
+        .read_extents_at(&keys, &ev.name)
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    for r in &snap.extents {
+        map.insert(r).map_err(Error::Usage)?;
+    }
+    let m = Arc::clone(&map);
+    let watch =
+        cluster_store::watch::ExtentWatch::start(sc, &keys, &ev.name, snap.revision, move |e| {
+            use cluster_store::watch::ExtentEvent;
+            match e {
+                ExtentEvent::Mapped(r) => {
+                    if let Err(e) = m.insert(&r) {
+                        log::error!("{e}");
+                    }
+                }
+                ExtentEvent::Unmapped(i) => m.remove(i),
+                ExtentEvent::Resync(s) => m.replace(&s.extents),
+            }
+        })
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    let alloc = crate::evol::AllocatorThread::start(
+        Arc::clone(&map),
+        evol_allocator(config),
+        ev.alloc_wait,
+    )
+    .map_err(|e| Error::State(format!("starting the allocator thread: {e}")))?;
+    Ok(EvolRuntime {
+        map,
+        wait: ev.alloc_wait,
+        _watch: watch,
+        _alloc: alloc,
+    })
 }
 
 impl Volume {
@@ -304,12 +476,17 @@ impl Volume {
     /// (see [`crate::cluster`]); any failure after the attach gives the
     /// volume up again.
     pub fn connect(
-        config: VolumeConfig,
+        mut config: VolumeConfig,
         host: HostIdentity,
         priority: Priority,
         recovering: bool,
         takeover: bool,
     ) -> Result<Self, Error> {
+        // An eVol's members come from etcd's pool, before anything else.
+        let evol = match &config.evol {
+            Some(_) => Some(evol_prepare(&mut config)?),
+            None => None,
+        };
         let attachment = match &config.cluster {
             None => None,
             Some(_) => {
@@ -339,6 +516,29 @@ impl Volume {
         };
         match Self::connect_attached(config, host, priority, recovering, attachment.as_ref()) {
             Ok(mut v) => {
+                if let Some((spec, members)) = evol {
+                    match evol_start(&v.config, &spec, members) {
+                        Ok(rt) => {
+                            // The device is the eVol's size; a request
+                            // spans at most MAX_PIECES extents.
+                            let bs = u64::from(v.geometry.block_size);
+                            v.geometry.blocks = spec.size_bytes / bs;
+                            let cap = (crate::io::fanout::MAX_PIECES as u64 - 1)
+                                .saturating_mul(spec.extent_bytes)
+                                .min(u64::from(u32::MAX));
+                            v.geometry.max_io_bytes =
+                                v.geometry.max_io_bytes.min((cap / bs * bs).max(bs) as u32);
+                            v.identity.geometry = v.geometry;
+                            v.evol = Some(rt);
+                        }
+                        Err(e) => {
+                            if let Some(a) = attachment {
+                                a.abandon();
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
                 if let Some(a) = attachment {
                     let spec = cluster::spec_of(&v.config);
                     let in_sync = v.replication.as_ref().map(|r| r.in_sync());
@@ -366,7 +566,9 @@ impl Volume {
         recovering: bool,
         attachment: Option<&Attachment>,
     ) -> Result<Self, Error> {
-        let replicated = config.replicas.len() > 1;
+        // An eVol's members are not replicas of each other: no replica
+        // set, no common size.
+        let replicated = config.replicas.len() > 1 && config.evol.is_none();
         let mut replicas = Vec::new();
         let mut geos = Vec::new();
         for (i, spec) in config.replicas.iter().enumerate() {
@@ -395,6 +597,17 @@ impl Volume {
             check_same_geometry(&rg).map_err(|e| Error::Usage(e.to_string()))?;
         }
         let mut geometry = geos[0].1;
+        if config.evol.is_some() {
+            if let Some((what, g)) = geos
+                .iter()
+                .find(|(_, g)| g.block_size != geometry.block_size)
+            {
+                return Err(Error::Usage(format!(
+                    "{what}: block size {} differs from the pool's {}",
+                    g.block_size, geometry.block_size
+                )));
+            }
+        }
         for (_, g) in &geos[1..] {
             geometry.max_io_bytes = geometry.max_io_bytes.min(g.max_io_bytes);
             geometry.volatile_cache |= g.volatile_cache;
@@ -430,6 +643,7 @@ impl Volume {
             priority,
             replication,
             cluster: None,
+            evol: None,
             config,
         })
     }
@@ -512,6 +726,18 @@ impl Volume {
             sends: g(&s.sends),
             priority: self.priority_snapshot(&qos),
             cluster: self.cluster.as_ref().map(|c| c.status()),
+            evol: self.evol.as_ref().map(|e| {
+                let (n, oldest) = e.map.waiting(std::time::Instant::now());
+                EvolStatus {
+                    name: e.map.name().to_owned(),
+                    members: e.map.members().len(),
+                    extents_mapped: e.map.mapped(),
+                    allocations: e.map.allocations(),
+                    writes_waiting: n,
+                    oldest_wait_ms: oldest.as_millis() as u64,
+                    stale_copies: e.map.stale_copies(),
+                }
+            }),
             qos,
         }
     }

@@ -61,6 +61,11 @@ pub fn replica_id(t: &TargetSpec) -> String {
 
 /// The spec this config implies.
 pub fn spec_of(config: &VolumeConfig) -> VolumeSpec {
+    if let Some(e) = &config.evol {
+        // An eVol's namespaces are the pool's and change with it: its
+        // ownership record names the eVol, not them.
+        return VolumeSpec::new(vec![format!("evol {}", e.name)]);
+    }
     VolumeSpec::new(config.replicas.iter().map(replica_id).collect())
 }
 

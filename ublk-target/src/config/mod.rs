@@ -46,6 +46,19 @@
 //! listen = "127.0.0.1:9750"  # one port per volume (each volume is a process)
 //! ```
 //!
+//! An elastic volume (issue 18; see [`crate::evol`]): no `[target]` nor
+//! `[[replica]]`: its namespaces are the pool's in etcd, read at start.
+//!
+//! ```toml
+//! name = "ev0"            # the device's name, and its owner key in etcd
+//! [evol]
+//! name = "ev0"            # the eVol in etcd (PREFIX/evols/NAME); default: name
+//! alloc_wait = 30         # seconds a first write waits for its extent's mapping
+//! [cluster]               # required: the map, the pool and ownership live in etcd
+//! endpoints = ["10.0.0.1:2379"]
+//! fencing = "none"        # the default for eVols; "reservations" is refused
+//! ```
+//!
 //! A replicated volume:
 //!
 //! ```toml
@@ -131,11 +144,25 @@ pub struct VolumeConfig {
     /// Cluster mode (`[cluster]`): ownership, fencing and replica health
     /// in etcd. `None`: the single-host default, no etcd.
     pub cluster: Option<ClusterConfig>,
+    /// `[evol]`: an elastic volume; `target` and `replicas` are then empty
+    /// placeholders until [`crate::volume::Volume::connect`] fills them
+    /// with the pool's namespaces read from etcd.
+    pub evol: Option<EvolConfig>,
     /// `[metrics] listen`: where this volume's server answers Prometheus'
     /// `GET /metrics`; `None` (the default): no listener. Each volume is
     /// its own process, so each needs its own port; loopback or a
     /// management network only.
     pub metrics_listen: Option<SocketAddr>,
+}
+
+/// `[evol]`: an elastic volume (see [`crate::evol`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvolConfig {
+    /// The eVol's name in etcd.
+    pub name: String,
+    /// Bound on a first write's wait for its extent's mapping (then it
+    /// fails with EIO, never acknowledged).
+    pub alloc_wait: Duration,
 }
 
 /// `[cluster]`: where the volume's cluster state lives (see
@@ -287,8 +314,16 @@ struct Raw {
     #[serde(default)]
     priority: RawPriority,
     cluster: Option<RawCluster>,
+    evol: Option<RawEvol>,
     #[serde(default)]
     metrics: RawMetrics,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvol {
+    name: Option<Spanned<String>>,
+    alloc_wait: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -483,7 +518,15 @@ impl VolumeConfig {
                 "a volume name is 1 to 64 of [A-Za-z0-9_.-], not starting with a dot",
             ));
         }
-        let replicas = parse_targets(&cx, &raw)?;
+        let evol = match &raw.evol {
+            Some(e) => Some(parse_evol(&cx, &raw, e)?),
+            None => None,
+        };
+        let replicas = if evol.is_some() {
+            Vec::new()
+        } else {
+            parse_targets(&cx, &raw)?
+        };
         let replication = parse_replication(&cx, &raw)?;
         let host = match &raw.host {
             None => None,
@@ -521,16 +564,29 @@ impl VolumeConfig {
         }
         let qos = parse_qos(&cx, &raw.qos)?;
         let priority = parse_priority(&cx, &raw.priority)?;
-        let cluster = match &raw.cluster {
+        let mut cluster = match &raw.cluster {
             Some(c) => Some(parse_cluster(&cx, c)?),
             None => None,
         };
+        if let (Some(_), Some(c)) = (&evol, cluster.as_mut()) {
+            // The pool's namespaces are shared by every eVol (and host):
+            // an Exclusive Access reservation per namespace would fence
+            // the other volumes' owners out. Ownership in etcd still
+            // keeps a second host from attaching the eVol.
+            c.fencing = Fencing::None;
+        }
         let metrics_listen = cx.listen_addr(&raw.metrics.listen, "metrics.listen")?;
         Ok(Self {
             metrics_listen,
             path: path.to_path_buf(),
             name: raw.name.get_ref().clone(),
-            target: replicas[0].clone(),
+            target: replicas.first().cloned().unwrap_or(TargetSpec {
+                address: String::new(),
+                port: 0,
+                subnqn: String::new(),
+                nsid: 0,
+            }),
+            evol,
             replicas,
             replication,
             host,
@@ -552,6 +608,80 @@ impl VolumeConfig {
             cluster,
         })
     }
+}
+
+/// `[evol]`, checked with what it excludes and needs.
+fn parse_evol(cx: &Ctx<'_>, raw: &Raw, e: &RawEvol) -> Result<EvolConfig, ConfigError> {
+    let here = |field: &str, msg: &str| {
+        let mut x = match &e.name {
+            Some(n) => cx.err(n, field, msg),
+            None => ConfigError::whole_file(cx.file, msg),
+        };
+        x.field = field.into();
+        x
+    };
+    if let Some(t) = &raw.target {
+        let mut x = cx.err(
+            &t.address,
+            "target",
+            "an eVol's namespaces are its pool's in etcd: remove [target]",
+        );
+        x.field = "target".into();
+        return Err(x);
+    }
+    if let Some(r) = raw.replica.as_deref().and_then(|l| l.first()) {
+        let mut x = cx.err(
+            &r.address,
+            "replica",
+            "an eVol's namespaces are its pool's in etcd, and its copies per extent its spec's: remove the [[replica]] tables",
+        );
+        x.field = "replica".into();
+        return Err(x);
+    }
+    if raw.replication.is_some() {
+        return Err(here(
+            "replication",
+            "[replication] is for [[replica]] volumes; an eVol's copies are per extent",
+        ));
+    }
+    match &raw.cluster {
+        None => {
+            return Err(here(
+                "cluster",
+                "an eVol needs [cluster]: its pool, extent map and owner live in etcd",
+            ))
+        }
+        Some(c) => {
+            if let Some(f) = c.fencing.as_ref().filter(|f| f.get_ref() == "reservations") {
+                return Err(cx.err(
+                    f,
+                    "cluster.fencing",
+                    "an eVol's namespaces are shared with other volumes: reservations would fence them out; use \"none\" (ownership in etcd still excludes a second host)",
+                ));
+            }
+        }
+    }
+    let name = match &e.name {
+        None => raw.name.get_ref().clone(),
+        Some(n) if valid_name(n.get_ref()) => n.get_ref().clone(),
+        Some(n) => {
+            return Err(cx.err(
+                n,
+                "evol.name",
+                "an eVol name is 1 to 64 of [A-Za-z0-9_.-], not starting with a dot",
+            ))
+        }
+    };
+    let wait = cx.int(
+        &e.alloc_wait,
+        "evol.alloc_wait",
+        crate::evol::DEFAULT_ALLOC_WAIT.as_secs() as i64,
+        1..=3600,
+    )?;
+    Ok(EvolConfig {
+        name,
+        alloc_wait: Duration::from_secs(wait as u64),
+    })
 }
 
 fn parse_cluster(cx: &Ctx<'_>, c: &RawCluster) -> Result<ClusterConfig, ConfigError> {
@@ -1153,6 +1283,45 @@ queues = 2
         assert_eq!(c.reconnect.ctrl_loss_tmo, Some(Duration::from_secs(600)));
         assert_eq!(c.reconnect.fast_io_fail_tmo, None);
         assert!(c.host.is_none());
+    }
+
+    const EVOL: &str = r#"
+name = "ev0"
+[evol]
+name = "pool-ev0"
+alloc_wait = 5
+[cluster]
+endpoints = ["127.0.0.1:2379"]
+"#;
+
+    #[test]
+    fn an_evol_needs_cluster_and_no_targets_and_fences_by_ownership_only() {
+        let c = parse(EVOL).unwrap();
+        let e = c.evol.as_ref().unwrap();
+        assert_eq!(
+            (e.name.as_str(), e.alloc_wait),
+            ("pool-ev0", Duration::from_secs(5))
+        );
+        assert!(c.replicas.is_empty());
+        assert_eq!(c.cluster.as_ref().unwrap().fencing, Fencing::None);
+        let d = parse(&EVOL.replace("name = \"pool-ev0\"\n", "")).unwrap();
+        assert_eq!(d.evol.unwrap().name, "ev0");
+        let e = parse(&EVOL.replace("alloc_wait = 5", "alloc_wait = 0")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (5, "evol.alloc_wait"), "{e}");
+        let e =
+            parse(&EVOL.replace("[cluster]\nendpoints = [\"127.0.0.1:2379\"]\n", "")).unwrap_err();
+        assert_eq!(e.field, "cluster", "{e}");
+        assert!(e.to_string().contains("needs [cluster]"), "{e}");
+        let e = parse(&format!(
+            "{EVOL}[target]\naddress = \"127.0.0.1\"\nsubnqn = \"nqn.x:y\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (9, "target"), "{e}");
+        let e = parse(&format!("{EVOL}fencing = \"reservations\"\n")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (8, "cluster.fencing"), "{e}");
+        let e = parse(&EVOL.replace("pool-ev0", "bad/name")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (4, "evol.name"), "{e}");
+        assert!(e.to_string().contains("vol0.toml"), "names the file: {e}");
     }
 
     #[test]

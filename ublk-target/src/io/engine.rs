@@ -187,13 +187,22 @@ impl Engine {
     pub fn new(volume: Arc<Volume>, qid: u16, depth: u16) -> Self {
         let stats = Arc::clone(&volume.stats);
         let policy = volume.config.replication.read_policy;
-        let qos = QueueQos::replicated(
-            Arc::clone(&volume.qos),
-            qid,
-            volume.priority.config.arbiter(),
-            volume.replicas.len(),
-            policy,
-        );
+        let qos = if volume.evol.is_some() {
+            // One charge per request (see `Requests::set_evol`).
+            QueueQos::new(
+                Arc::clone(&volume.qos),
+                qid,
+                volume.priority.config.arbiter(),
+            )
+        } else {
+            QueueQos::replicated(
+                Arc::clone(&volume.qos),
+                qid,
+                volume.priority.config.arbiter(),
+                volume.replicas.len(),
+                policy,
+            )
+        };
         let mut paths = Vec::new();
         let mut path_of = vec![0u8; volume.replicas.len() * CLASSES];
         for (r, t) in volume.replicas.iter().enumerate() {
@@ -228,6 +237,9 @@ impl Engine {
         );
         if let Some(c) = &volume.cluster {
             requests.set_cluster(Arc::clone(c));
+        }
+        if let Some(ev) = &volume.evol {
+            requests.set_evol(Arc::clone(&ev.map), volume.geometry.block_size, ev.wait);
         }
         Self {
             requests,
@@ -564,7 +576,11 @@ impl Engine {
             let (req, mut sink) = self.split(now);
             let n = req.now(now);
             req.cluster_tick(n, &mut sink);
+            // eVol writes waiting for a mapping: polled every tick (a
+            // first write waits up to one TICK more than its allocation).
+            req.evol_tick(n, &mut sink);
         }
+        self.after_requests();
         // Settings changed at run time (credit mode, limits) and replicas
         // coming back reach a queue that is otherwise idle.
         if self.requests.qos().queued() > 0 {

@@ -23,7 +23,8 @@ use qos_core::priority::NvmeClass;
 use qos_core::{Nanos, ReplicaSet};
 
 use crate::cluster::ClusterLink;
-use crate::io::fanout::{Action, FanOut, Op, PartId, PieceSpec};
+use crate::evol::{self, AllocState, ExtentMap, Mapped, MAX_MEMBERS};
+use crate::io::fanout::{Action, FanOut, Op, PartId, PieceSpec, MAX_PIECES};
 use crate::qos::{LimitKind, QueueQos, Route, Ticket};
 use crate::replication::Replication;
 use crate::volume::Stats;
@@ -177,6 +178,75 @@ pub struct Requests {
     /// Writes that skipped a replica etcd does not yet record out of sync
     /// (see [`Requests::cluster_tick`]).
     cluster_waits: Vec<ClusterWait>,
+    /// Elastic volumes: the extent map and the requests' pieces.
+    evol: Option<EvolState>,
+}
+
+/// An elastic volume's side of the requests (see [`crate::evol`]): the
+/// member paths are the pool's namespaces (`nsids[m]` is member m's), a
+/// part's copy index *is* its member, and a request's pieces are its
+/// extents.
+struct EvolState {
+    map: Arc<ExtentMap>,
+    block_size: u64,
+    /// Bound on a first write's wait for its extent's mapping.
+    wait: std::time::Duration,
+    /// Per tag: the request's mapped pieces (kept, so the vectors are
+    /// allocated once per tag).
+    pieces: Vec<Vec<EvolPiece>>,
+    /// Scratch for [`FanOut::start`].
+    specs: Vec<PieceSpec>,
+    /// Writes waiting for their extents' mappings.
+    parked: Vec<Parked>,
+    /// The map's version at the last look at `parked`.
+    seen_version: u64,
+}
+
+/// One mapped piece of an eVol request.
+#[derive(Debug, Clone, Copy)]
+struct EvolPiece {
+    piece: evol::Piece,
+    copies: Mapped,
+}
+
+/// A write waiting for its extents' mappings, with what the QoS stage
+/// takes once they are there.
+struct Parked {
+    tag: u16,
+    since: Instant,
+    /// (extent, failures seen when the wait started).
+    needs: Vec<(u64, u64)>,
+    pending: Pending,
+    kind: LimitKind,
+    bytes: u64,
+    class: NvmeClass,
+}
+
+/// What an eVol request needs before it can go.
+enum EvolPlan {
+    /// Its mapped pieces are in the tag's list: to the QoS stage.
+    Go,
+    /// Nothing to send (unmapped reads filled with zeros, discards of
+    /// unmapped extents, a flush before any write): done, `ok`.
+    Done(bool),
+    /// A write to unmapped extents: wait for these (extent, failures
+    /// seen).
+    Wait(Vec<(u64, u64)>),
+}
+
+/// Where piece `piece`'s Dataset Management range for member `member`
+/// lives in the tag's buffer (each part has its own: the physical LBA
+/// differs per copy).
+fn dsm_offset(piece: usize, member: usize) -> usize {
+    (piece * MAX_MEMBERS + member) * 16
+}
+
+/// Bytes of the tag's buffer an eVol discard needs for its range lists.
+pub const EVOL_DSM_BYTES: usize = MAX_PIECES * MAX_MEMBERS * 16;
+
+/// Whether `c` is a Dataset Management command (a discard).
+fn is_dsm(c: &Command) -> bool {
+    matches!(c, Command::Raw(sqe) if sqe.opcode == nvmf_proto::sqe::io_opcode::DATASET_MANAGEMENT)
 }
 
 /// A fan-out step held until etcd records the replicas a write skipped
@@ -249,7 +319,8 @@ impl Requests {
         depth: u16,
     ) -> Self {
         debug_assert!(!nsids.is_empty());
-        debug_assert!(replication.is_some() || nsids.len() == 1);
+        // Several paths without a replica set: only an eVol's members
+        // (`set_evol` follows).
         Requests {
             name,
             nsids,
@@ -262,7 +333,32 @@ impl Requests {
             finished: Vec::new(),
             cluster: None,
             cluster_waits: Vec::new(),
+            evol: None,
         }
+    }
+
+    /// Make this an elastic volume's requests: `nsids` (given to
+    /// [`Requests::new`]) are the pool members' namespaces, `map` the
+    /// extent map, `block_size` the volume's, `wait` the bound on a first
+    /// write's wait for its mapping. The QoS stage must be a one-target
+    /// one ([`QueueQos::new`]): it charges a request once, not per part
+    /// (parts of one request may share a member).
+    pub fn set_evol(&mut self, map: Arc<ExtentMap>, block_size: u32, wait: std::time::Duration) {
+        let depth = self.tags.len();
+        self.evol = Some(EvolState {
+            map,
+            block_size: u64::from(block_size),
+            wait,
+            pieces: (0..depth).map(|_| Vec::with_capacity(2)).collect(),
+            specs: Vec::with_capacity(MAX_PIECES),
+            parked: Vec::new(),
+            seen_version: 0,
+        });
+    }
+
+    /// Writes of this queue waiting for an extent's mapping.
+    pub fn evol_parked(&self) -> usize {
+        self.evol.as_ref().map_or(0, |e| e.parked.len())
     }
 
     fn fan_now(&self) -> Nanos {
@@ -387,7 +483,207 @@ impl Requests {
                 (b.ptr, b.len)
             }),
         };
+        if self.evol.is_some() {
+            match self.evol_plan(&pending) {
+                EvolPlan::Go => {}
+                EvolPlan::Done(ok) => {
+                    self.finish_as(tag, ok, false);
+                    return;
+                }
+                EvolPlan::Wait(needs) => {
+                    let since = Instant::now();
+                    let ev = self.evol.as_mut().expect("checked");
+                    ev.map.wait_started(since);
+                    ev.parked.push(Parked {
+                        tag,
+                        since,
+                        needs,
+                        pending,
+                        kind,
+                        bytes,
+                        class,
+                    });
+                    return;
+                }
+            }
+        }
         self.qos.push(now, pending, kind, bytes, class);
+        self.pump(now, sink);
+    }
+
+    /// Split eVol request `p` at extents into its tag's piece list (see
+    /// [`EvolPlan`]); fills the buffer's unmapped read pieces with zeros
+    /// and its discards' range lists.
+    fn evol_plan(&mut self, p: &Pending) -> EvolPlan {
+        let t = usize::from(p.tag);
+        let write = self.tags[t].write.clone();
+        let Some(ev) = self.evol.as_mut() else {
+            return EvolPlan::Done(false);
+        };
+        let list = &mut ev.pieces[t];
+        list.clear();
+        let bs = ev.block_size;
+        let (start, len) = match (&p.command, &write) {
+            (Command::Flush { .. }, _) => {
+                // Every member that holds any extent; none: nothing was
+                // ever written, nothing to flush.
+                return if ev.map.used_members().is_empty() {
+                    EvolPlan::Done(true)
+                } else {
+                    EvolPlan::Go
+                };
+            }
+            (Command::Read { slba, .. }, _) => (slba * bs, p.buf.map_or(0, |b| b.1 as u64)),
+            (Command::Write { slba, .. }, _) => (slba * bs, p.buf.map_or(0, |b| b.1 as u64)),
+            (_, Some(r)) => (r.start, r.end - r.start),
+            _ => {
+                log::error!("{}: an eVol request with no range", self.name);
+                return EvolPlan::Done(false);
+            }
+        };
+        let reading = matches!(p.command, Command::Read { .. });
+        let writing = matches!(p.command, Command::Write { .. });
+        let dsm = is_dsm(&p.command);
+        let mut needs = Vec::new();
+        for piece in evol::pieces(ev.map.extent_bytes(), start, len) {
+            match ev.map.get(piece.index) {
+                Some(copies) => list.push(EvolPiece { piece, copies }),
+                None if writing => needs.push((piece.index, ev.map.request(piece.index))),
+                None if reading => {
+                    if let Some((ptr, l)) = p.buf {
+                        let r = evol::buf_range(&piece);
+                        debug_assert!(r.end <= l);
+                        // SAFETY: the tag's buffer is ours until the tag
+                        // completes (see `TagBuf`); this piece's bytes
+                        // are written by nothing else (no part reads it).
+                        unsafe {
+                            std::ptr::write_bytes(ptr.add(r.start), 0, r.len().min(l - r.start))
+                        };
+                    }
+                }
+                // Discard, write-zeroes: an unmapped extent reads as
+                // zeros already.
+                None => {}
+            }
+        }
+        if !needs.is_empty() {
+            list.clear();
+            return EvolPlan::Wait(needs);
+        }
+        if list.is_empty() {
+            return EvolPlan::Done(true);
+        }
+        if list.len() > MAX_PIECES {
+            log::error!(
+                "{}: a request of {len} bytes spans {} extents (at most {MAX_PIECES})",
+                self.name,
+                list.len()
+            );
+            return EvolPlan::Done(false);
+        }
+        if dsm {
+            let Some((ptr, l)) = p.buf.filter(|b| b.1 >= EVOL_DSM_BYTES) else {
+                debug_assert!(false, "an eVol discard's buffer is too small");
+                return EvolPlan::Done(false);
+            };
+            for (i, e) in list.iter().enumerate() {
+                for (m, pext) in e.copies.copies() {
+                    let slba = (pext * ev.map.extent_bytes() + e.piece.offset) / bs;
+                    let mut range = [0u8; 16];
+                    range[4..8].copy_from_slice(&((e.piece.len / bs) as u32).to_le_bytes());
+                    range[8..16].copy_from_slice(&slba.to_le_bytes());
+                    let off = dsm_offset(i, m);
+                    debug_assert!(off + 16 <= l);
+                    // SAFETY: as above; the range lists live past the
+                    // request's data (a discard carries none).
+                    unsafe { std::ptr::copy_nonoverlapping(range.as_ptr(), ptr.add(off), 16) };
+                }
+            }
+        }
+        if reading {
+            for e in list.iter() {
+                if ev.map.readable(e.piece.index, &e.copies).is_empty() {
+                    log::error!(
+                        "{}: extent {}: no copy may serve reads (every copy missed a write)",
+                        self.name,
+                        e.piece.index
+                    );
+                    return EvolPlan::Done(false);
+                }
+            }
+        }
+        EvolPlan::Go
+    }
+
+    /// Look at the writes waiting for their extents' mappings (every
+    /// [`crate::io::engine::TICK`], and when the map changed): the ones
+    /// whose extents are all mapped go to the QoS stage; the ones whose
+    /// allocation failed, or that waited longer than the bound, fail
+    /// (never acknowledged: nothing is lost).
+    pub fn evol_tick(&mut self, now: Nanos, sink: &mut impl PartSink) {
+        let Some(ev) = self.evol.as_mut() else {
+            return;
+        };
+        if ev.parked.is_empty() {
+            return;
+        }
+        let version = ev.map.version();
+        let at = Instant::now();
+        let expired = ev
+            .parked
+            .iter()
+            .any(|w| at.saturating_duration_since(w.since) > ev.wait);
+        if version == ev.seen_version && !expired {
+            return;
+        }
+        ev.seen_version = version;
+        let parked = std::mem::take(&mut ev.parked);
+        let map = Arc::clone(&ev.map);
+        let wait = ev.wait;
+        let mut keep = Vec::new();
+        for w in parked {
+            let mut state = Ok(true);
+            for &(index, seen) in &w.needs {
+                match map.allocation(index, seen) {
+                    AllocState::Mapped(_) => {}
+                    AllocState::Pending => state = state.map(|_| false),
+                    AllocState::Failed(why) => state = Err(why),
+                }
+            }
+            let state = match state {
+                Ok(false) if at.saturating_duration_since(w.since) > wait => {
+                    Err(format!("no mapping within {} s", wait.as_secs_f64()))
+                }
+                s => s,
+            };
+            match state {
+                Ok(false) => keep.push(w),
+                Ok(true) => {
+                    map.wait_ended(w.since);
+                    match self.evol_plan(&w.pending) {
+                        EvolPlan::Go => self.qos.push(now, w.pending, w.kind, w.bytes, w.class),
+                        EvolPlan::Done(ok) => self.finish_as(w.tag, ok, false),
+                        // Unmapped again (another party unmapped it
+                        // meanwhile): wait anew.
+                        EvolPlan::Wait(needs) => {
+                            map.wait_started(w.since);
+                            keep.push(Parked { needs, ..w });
+                        }
+                    }
+                }
+                Err(why) => {
+                    map.wait_ended(w.since);
+                    log::error!(
+                        "{}: a first write to an unmapped extent fails: {why}",
+                        self.name
+                    );
+                    self.finish_as(w.tag, false, false);
+                }
+            }
+        }
+        if let Some(ev) = self.evol.as_mut() {
+            ev.parked.extend(keep);
+        }
         self.pump(now, sink);
     }
 
@@ -445,6 +741,37 @@ impl Requests {
                 None => (Op::Flush, 0..0),
             }
         };
+        if let Some(ev) = self.evol.as_mut() {
+            st.ticket = Some(ticket);
+            st.pending = Some(pending);
+            let mut specs = std::mem::take(&mut ev.specs);
+            specs.clear();
+            if op == Op::Flush {
+                specs.push(PieceSpec {
+                    range: 0..0,
+                    copies: ev.map.used_members(),
+                });
+            }
+            for e in &ev.pieces[t] {
+                let range = e.piece.index * ev.map.extent_bytes() + e.piece.offset
+                    ..e.piece.index * ev.map.extent_bytes() + e.piece.offset + e.piece.len;
+                let copies = if op == Op::Read {
+                    // Checked non-empty when planned; copies only go stale.
+                    let r = ev.map.readable(e.piece.index, &e.copies);
+                    r.first()
+                        .map_or(e.copies.members(), qos_core::ReplicaSet::one)
+                } else {
+                    e.copies.members()
+                };
+                specs.push(PieceSpec { range, copies });
+            }
+            self.fan.start(now, t as u16, op, &specs);
+            if let Some(ev) = self.evol.as_mut() {
+                ev.specs = specs;
+            }
+            self.run(sink);
+            return;
+        }
         let piece = [PieceSpec {
             range,
             copies: ticket.replicas(),
@@ -486,12 +813,20 @@ impl Requests {
                 }
                 Action::Send(part) => self.send_part(part, sink),
                 Action::Retry(part) => {
-                    if let Some(t) = self.ticket(part) {
-                        t.add_uncounted(usize::from(part.copy));
+                    // An eVol's ticket is the whole request's, not per
+                    // member (settled when it completes).
+                    if self.evol.is_none() {
+                        if let Some(t) = self.ticket(part) {
+                            t.add_uncounted(usize::from(part.copy));
+                        }
                     }
                     self.send_part(part, sink);
                 }
                 Action::Reroute { from, to } => {
+                    if self.evol.is_some() {
+                        self.send_part(to, sink);
+                        continue;
+                    }
                     if let Some(mut t) = self.tags[usize::from(from.tag)].ticket.take() {
                         self.qos
                             .reroute(&mut t, usize::from(from.copy), usize::from(to.copy));
@@ -499,11 +834,27 @@ impl Requests {
                     }
                     self.send_part(to, sink);
                 }
+                Action::Release(_) if self.evol.is_some() => {}
                 Action::Release(part) => {
                     if let Some(mut t) = self.tags[usize::from(part.tag)].ticket.take() {
                         self.qos.release(&mut t, usize::from(part.copy));
                         self.tags[usize::from(part.tag)].ticket = Some(t);
                     }
+                }
+                Action::WriteMissed { part, .. } if self.evol.is_some() => {
+                    // One copy failed a write another copy took: that copy
+                    // may be behind now, and nothing repairs an extent's
+                    // copy yet: never read from it again, and fail the
+                    // write rather than acknowledge what one copy may not
+                    // hold (see `crate::evol`).
+                    if let Some(ev) = &self.evol {
+                        if let Some(e) =
+                            ev.pieces[usize::from(part.tag)].get(usize::from(part.piece))
+                        {
+                            ev.map.mark_stale(e.piece.index, usize::from(part.copy));
+                        }
+                    }
+                    self.fan.recorded(part, false);
                 }
                 Action::WriteMissed {
                     part,
@@ -530,7 +881,21 @@ impl Requests {
                         rep.after_write(&range, sent);
                     }
                 }
-                Action::Complete { tag, ok } => self.finish(tag, ok),
+                Action::Complete { tag, ok } => {
+                    if self.evol.is_some() {
+                        // The request's one QoS charge: a latency sample
+                        // on success, given back otherwise.
+                        if let Some(mut t) = self.tags[usize::from(tag)].ticket.take() {
+                            if ok {
+                                let now = self.fan_now();
+                                self.qos.on_part_done(now, &mut t, 0, 0);
+                            } else {
+                                self.qos.release(&mut t, 0);
+                            }
+                        }
+                    }
+                    self.finish(tag, ok)
+                }
             }
         }
     }
@@ -569,6 +934,10 @@ impl Requests {
 
     /// Send `part` (its tag's command, to its replica's namespace).
     fn send_part(&mut self, part: PartId, sink: &mut impl PartSink) {
+        if self.evol.is_some() {
+            self.send_evol_part(part, sink);
+            return;
+        }
         let st = &self.tags[usize::from(part.tag)];
         let Some(pending) = st.pending.as_ref() else {
             debug_assert!(false, "part of a tag with no request");
@@ -595,6 +964,112 @@ impl Requests {
             user_data: part.user_data(),
         };
         sink.send(r, st.class.unwrap_or(NvmeClass::Medium), req);
+    }
+
+    /// Send eVol part `part`: its piece's command at its copy's physical
+    /// LBA on its member's namespace, with its piece of the tag's buffer.
+    fn send_evol_part(&mut self, part: PartId, sink: &mut impl PartSink) {
+        let t = usize::from(part.tag);
+        let st = &self.tags[t];
+        let (Some(pending), Some(ev)) = (st.pending.as_ref(), self.evol.as_ref()) else {
+            debug_assert!(false, "part of a tag with no request");
+            return;
+        };
+        let member = usize::from(part.copy);
+        let nsid = self.nsids[member];
+        let class = st.class.unwrap_or(NvmeClass::Medium);
+        let user_data = part.user_data();
+        if let Command::Flush { .. } = pending.command {
+            let req = Request {
+                command: Command::Flush { nsid },
+                buf: None,
+                user_data,
+            };
+            sink.send(member, class, req);
+            return;
+        }
+        let Some(e) = ev.pieces[t].get(usize::from(part.piece)) else {
+            debug_assert!(false, "part of a piece that is not there");
+            return;
+        };
+        let Some(pext) = e.copies.pext_of(member) else {
+            debug_assert!(false, "part on a member without a copy");
+            return;
+        };
+        let slba = (pext * ev.map.extent_bytes() + e.piece.offset) / ev.block_size;
+        let r = evol::buf_range(&e.piece);
+        // SAFETY (all views below): the tag's buffer outlives the engine
+        // and is ours until the tag completes (see `TagBuf`); a read
+        // piece has one part at a time and the pieces are disjoint, so
+        // its exclusive view is the only one of those bytes; write parts
+        // only read theirs.
+        let (command, buf) = match pending.command {
+            Command::Read { block_size, .. } => (
+                Command::Read {
+                    nsid,
+                    slba,
+                    block_size,
+                },
+                pending
+                    .buf
+                    .map(|(p, _)| unsafe { TagBuf::exclusive(p.add(r.start), r.len()) }),
+            ),
+            Command::Write {
+                block_size, fua, ..
+            } => (
+                Command::Write {
+                    nsid,
+                    slba,
+                    block_size,
+                    fua,
+                },
+                pending
+                    .buf
+                    .map(|(p, _)| unsafe { TagBuf::shared(p.add(r.start), r.len()) }),
+            ),
+            Command::WriteZeroes { deallocate, .. } => (
+                Command::WriteZeroes {
+                    nsid,
+                    slba,
+                    blocks: (e.piece.len / ev.block_size) as u32,
+                    deallocate,
+                },
+                None,
+            ),
+            Command::Raw(mut sqe) => {
+                // A discard: this part's range list (`evol_plan`).
+                sqe.nsid = nsid;
+                let off = dsm_offset(usize::from(part.piece), member);
+                (
+                    Command::Raw(sqe),
+                    pending
+                        .buf
+                        .map(|(p, _)| unsafe { TagBuf::shared(p.add(off), 16) }),
+                )
+            }
+            Command::Flush { .. } => unreachable!("handled above"),
+        };
+        sink.send(
+            member,
+            class,
+            Request {
+                command,
+                buf,
+                user_data,
+            },
+        );
+    }
+
+    /// The copies of `part`'s piece that may serve reads now.
+    fn readable_for(&self, part: PartId) -> ReplicaSet {
+        match &self.evol {
+            None => self.readable(),
+            Some(ev) => ev.pieces[usize::from(part.tag)]
+                .get(usize::from(part.piece))
+                .map_or(ReplicaSet::EMPTY, |e| {
+                    ev.map.readable(e.piece.index, &e.copies)
+                }),
+        }
     }
 
     /// A completion arrived from replica `replica` at `now`.
@@ -645,6 +1120,17 @@ impl Requests {
             );
         }
         let t = usize::from(part.tag);
+        if self.evol.is_some() {
+            if ok && self.tags[t].ticket.is_some_and(|t| t.is_read()) {
+                if let Some(c) = self.stats.replica_reads.get(replica) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let readable = self.readable_for(part);
+            self.fan.answered(part, ok, readable);
+            self.run(sink);
+            return;
+        }
         if let Some(mut ticket) = self.tags[t].ticket.take() {
             self.qos.on_part_done(now, &mut ticket, replica, done.dw1);
             if ticket.is_read() && ok {
@@ -704,6 +1190,12 @@ impl Requests {
     }
 
     fn finish(&mut self, tag: u16, ok: bool) {
+        self.finish_as(tag, ok, true);
+    }
+
+    /// Tag `tag` is done; `admitted`: it passed the QoS stage (which then
+    /// counts it out).
+    fn finish_as(&mut self, tag: u16, ok: bool, admitted: bool) {
         let t = usize::from(tag);
         debug_assert!(
             self.tags[t]
@@ -712,7 +1204,9 @@ impl Requests {
             "tag {tag} completed with QoS charges left"
         );
         self.tags[t] = TagState::default();
-        self.qos.on_request_done();
+        if admitted {
+            self.qos.on_request_done();
+        }
         self.stats.inflight.fetch_sub(1, Ordering::Relaxed);
         if !ok {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);

@@ -320,6 +320,13 @@ async fn tag_task(
                     // the commit below.
                     unsafe { std::ptr::copy_nonoverlapping(r.as_ptr(), buf.as_mut_ptr(), 16) };
                 }
+                // An eVol's discard needs room for one range list per
+                // part (each copy's physical LBA differs).
+                let data_len = if vol.evol.is_some() && dsm_range.is_some() {
+                    crate::io::requests::EVOL_DSM_BYTES as u32
+                } else {
+                    data_len
+                };
                 let data = (data_len > 0).then(|| {
                     // SAFETY: `buf` outlives the engine (queue_main) and is
                     // not touched until TagWait returns.

@@ -1,0 +1,622 @@
+//! An elastic volume's requests end to end, in process: the same
+//! [`Requests`] core the engine runs, in eVol mode, over four fake
+//! targets (one namespace each, the pool's members). The tests check
+//! where each piece of a request lands (read back raw from each
+//! namespace), that unmapped reads send nothing, that first writes wait
+//! for the allocator (once per extent), that a failing or silent
+//! allocator fails the write, and, against a real etcd, that an
+//! allocator mapping through etcd and the extent watch feed the map.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster_store::evol::{
+    EvolKeys, ExtentRecord, LeaderRecord, Leadership, MapOutcome, Placement,
+};
+use cluster_store::records::SCHEMA;
+use cluster_store::testing::EtcdCluster;
+use cluster_store::watch::{ExtentEvent, ExtentWatch};
+use cluster_store::{Store, StoreConfig};
+use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget, Fault, Trigger};
+use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
+use qos_core::priority::NvmeClass;
+use ublk_target::evol::{AllocatorThread, ExtentAllocator, ExtentMap};
+use ublk_target::io::requests::{PartSink, Requests, Submission, TagBuf};
+use ublk_target::qos::{LimitKind, QosConfig, QueueQos, VolumeQos};
+use ublk_target::volume::Stats;
+
+const HOST: &str = "nqn.2026-01.io.test:evol-host";
+const BS: u32 = 512;
+/// Extent size of these tests (small, so requests span several).
+const EXT: u64 = 64 * 1024;
+/// Physical extents per namespace.
+const PEXTS: u64 = 8;
+/// The eVol: 16 extents.
+const SIZE: u64 = 16 * EXT;
+const DEPTH: u16 = 8;
+const MEMBERS: usize = 4;
+const BUF: usize = 256 * 1024;
+
+/// The members' paths; counts what was sent.
+struct Net {
+    links: Vec<(Arc<FakeTarget>, Queue<TagBuf>, FakeConnection)>,
+    held: VecDeque<(usize, Request<TagBuf>)>,
+    now: Instant,
+    sent: Vec<u64>,
+}
+
+impl PartSink for Net {
+    fn send(&mut self, m: usize, _class: NvmeClass, req: Request<TagBuf>) {
+        self.sent[m] += 1;
+        if let Err(rej) = self.links[m].1.submit(self.now, req) {
+            self.held.push_back((m, rej.request));
+        }
+    }
+
+    fn reset_replica(&mut self, _m: usize) {}
+}
+
+fn exchange<B: AsRef<[u8]> + AsMut<[u8]>>(q: &mut Queue<B>, c: &mut FakeConnection, now: Instant) {
+    for _ in 0..1000 {
+        let mut out = Vec::new();
+        while q.poll_transmit(&mut out, 64 * 1024) > 0 {}
+        if !out.is_empty() {
+            c.handle_bytes(&out);
+        }
+        let back = c.take_output();
+        if !back.is_empty() {
+            q.handle_bytes(now, &back);
+        }
+        if out.is_empty() && back.is_empty() {
+            return;
+        }
+    }
+    panic!("exchange did not settle");
+}
+
+fn connect(t: &Arc<FakeTarget>, now: Instant) -> (Queue<TagBuf>, FakeConnection) {
+    let admin_cfg = QueueConfig::admin(HOST, [9; 16], &t.config().subnqn, 5000);
+    let mut admin: Queue<Vec<u8>> = Queue::new(admin_cfg.clone(), now);
+    let mut ac = t.connection();
+    exchange(&mut admin, &mut ac, now);
+    let mut io = QueueConfig::io(&admin_cfg, 1, admin.cntlid(), DEPTH * 4);
+    io.max_transfer_bytes = 1 << 20;
+    io.in_capsule_bytes = t.config().ioccsz * 16 - 64;
+    let mut q: Queue<TagBuf> = Queue::new(io, now);
+    let mut c = t.connection();
+    exchange(&mut q, &mut c, now);
+    assert!(matches!(q.poll_event(), Some(Event::Connected { .. })));
+    (q, c)
+}
+
+fn ns(m: usize) -> String {
+    format!("ns{m}")
+}
+
+struct Rig {
+    req: Requests,
+    net: Net,
+    map: Arc<ExtentMap>,
+    bufs: Vec<Box<[u8]>>,
+    _alloc: Option<AllocatorThread>,
+}
+
+impl Rig {
+    fn new(faults: &[Option<(Fault, Trigger)>; MEMBERS], wait: Duration) -> Self {
+        let now = Instant::now();
+        let links = (0..MEMBERS)
+            .map(|m| {
+                let t = FakeTarget::new(FakeConfig {
+                    subnqn: format!("nqn.2026-01.io.test:{}", ns(m)),
+                    blocks: PEXTS * EXT / u64::from(BS),
+                    block_size: BS,
+                    fault: faults[m],
+                    ..FakeConfig::default()
+                });
+                let (q, c) = connect(&t, now);
+                (t, q, c)
+            })
+            .collect();
+        let map =
+            Arc::new(ExtentMap::new("ev", SIZE, EXT, (0..MEMBERS).map(ns).collect()).unwrap());
+        let mut qc = QosConfig::new();
+        qc.credits = qos_core::credit_gate::CreditMode::Off;
+        let qos = QueueQos::new(
+            Arc::new(VolumeQos::new(&qc, 1)),
+            0,
+            ublk_target::qos::priority::PriorityConfig::default().arbiter(),
+        );
+        let mut req = Requests::new(
+            "ev".into(),
+            vec![1; MEMBERS],
+            None,
+            Arc::new(Stats::default()),
+            qos,
+            DEPTH,
+        );
+        req.set_evol(Arc::clone(&map), BS, wait);
+        Rig {
+            req,
+            net: Net {
+                links,
+                held: VecDeque::new(),
+                now,
+                sent: vec![0; MEMBERS],
+            },
+            map,
+            bufs: (0..DEPTH)
+                .map(|_| vec![0u8; BUF].into_boxed_slice())
+                .collect(),
+            _alloc: None,
+        }
+    }
+
+    fn with_allocator(mut self, a: Arc<dyn ExtentAllocator>) -> Self {
+        self._alloc = Some(
+            AllocatorThread::start(Arc::clone(&self.map), a, Duration::from_secs(30)).unwrap(),
+        );
+        self
+    }
+
+    fn map(&self, index: u64, copies: &[(usize, u64)]) {
+        self.map.insert(&record(index, copies)).unwrap();
+    }
+
+    fn submit(
+        &mut self,
+        tag: u16,
+        command: Command,
+        len: usize,
+        kind: LimitKind,
+        write: Option<std::ops::Range<u64>>,
+    ) {
+        let b = &mut self.bufs[usize::from(tag)];
+        // SAFETY: the rig owns the buffer; the test touches it only after
+        // the tag completed.
+        let buf = (len > 0).then(|| unsafe { TagBuf::exclusive(b.as_mut_ptr(), len) });
+        let now = self.req.now(self.net.now);
+        self.req.submit(
+            now,
+            Submission {
+                tag,
+                command,
+                buf,
+                kind,
+                bytes: len as u64,
+                class: NvmeClass::Medium,
+                write,
+            },
+            &mut self.net,
+        );
+    }
+
+    fn write(&mut self, tag: u16, at: u64, data: &[u8]) {
+        self.bufs[usize::from(tag)][..data.len()].copy_from_slice(data);
+        let cmd = Command::Write {
+            nsid: 1,
+            slba: at / u64::from(BS),
+            block_size: BS,
+            fua: false,
+        };
+        self.submit(
+            tag,
+            cmd,
+            data.len(),
+            LimitKind::Write,
+            Some(at..at + data.len() as u64),
+        );
+    }
+
+    fn read(&mut self, tag: u16, at: u64, len: usize) {
+        self.bufs[usize::from(tag)].fill(0xee);
+        let cmd = Command::Read {
+            nsid: 1,
+            slba: at / u64::from(BS),
+            block_size: BS,
+        };
+        self.submit(tag, cmd, len, LimitKind::Read, None);
+    }
+
+    fn pump(&mut self) {
+        for _ in 0..1000 {
+            let mut moved = false;
+            for m in 0..MEMBERS {
+                let now = self.net.now;
+                let (_, q, c) = &mut self.net.links[m];
+                let mut out = Vec::new();
+                while q.poll_transmit(&mut out, 64 * 1024) > 0 {}
+                if !out.is_empty() {
+                    c.handle_bytes(&out);
+                    moved = true;
+                }
+                let back = c.take_output();
+                if !back.is_empty() {
+                    q.handle_bytes(now, &back);
+                    moved = true;
+                }
+                let mut events = Vec::new();
+                while let Some(e) = q.poll_event() {
+                    events.push(e);
+                }
+                for e in events {
+                    if let Event::Completed(done) = e {
+                        let qnow = self.req.now(self.net.now);
+                        self.req.on_completion(qnow, m, &done, &mut self.net);
+                    }
+                    moved = true;
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("pump did not settle");
+    }
+
+    fn tick(&mut self) {
+        let now = self.req.now(Instant::now());
+        self.req.evol_tick(now, &mut self.net);
+        self.pump();
+    }
+
+    /// Tick until tag `tag` has an outcome (generous deadline).
+    fn wait(&mut self, tag: u16) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.tick();
+            if let Some(ok) = self.req.take_result(tag) {
+                return ok;
+            }
+            assert!(Instant::now() < deadline, "tag {tag} never completed");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// The bytes of member `m`'s namespace at physical extent `pext`,
+    /// offset `off`.
+    fn raw(&self, m: usize, pext: u64, off: u64, len: usize) -> Vec<u8> {
+        let d = self.net.links[m].0.data();
+        let at = (pext * EXT + off) as usize;
+        d[at..at + len].to_vec()
+    }
+}
+
+fn record(index: u64, copies: &[(usize, u64)]) -> ExtentRecord {
+    ExtentRecord {
+        schema: SCHEMA,
+        evol: "ev".into(),
+        index,
+        copies: copies
+            .iter()
+            .map(|&(m, p)| Placement {
+                namespace: ns(m),
+                pext: p,
+            })
+            .collect(),
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            ((i / 512) as u8)
+                .wrapping_mul(31)
+                .wrapping_add(i as u8)
+                .wrapping_add(seed)
+        })
+        .collect()
+}
+
+const NONE: [Option<(Fault, Trigger)>; MEMBERS] = [None, None, None, None];
+
+#[test]
+fn a_write_across_extents_lands_on_each_extents_namespace_at_its_physical_lba() {
+    let mut r = Rig::new(&NONE, Duration::from_secs(30));
+    r.map(1, &[(2, 5)]);
+    r.map(2, &[(0, 3)]);
+    r.map(3, &[(3, 0)]);
+    // From 8 KiB before the end of extent 1, through extent 2, 8 KiB into 3.
+    let at = 2 * EXT - 8192;
+    let data = pattern(EXT as usize + 16384, 7);
+    r.write(0, at, &data);
+    assert!(r.wait(0));
+    assert_eq!(r.raw(2, 5, EXT - 8192, 8192), data[..8192]);
+    assert_eq!(
+        r.raw(0, 3, 0, EXT as usize),
+        data[8192..8192 + EXT as usize]
+    );
+    assert_eq!(r.raw(3, 0, 0, 8192), data[8192 + EXT as usize..]);
+    assert_eq!(r.net.sent, [1, 0, 1, 1]);
+    // Read back through the volume, with an unmapped extent (4) after it.
+    r.read(1, at, data.len() + 4096);
+    assert!(r.wait(1));
+    assert_eq!(&r.bufs[1][..data.len()], &data[..]);
+    assert!(r.bufs[1][data.len()..data.len() + 4096]
+        .iter()
+        .all(|&b| b == 0));
+}
+
+#[test]
+fn reads_of_unmapped_extents_are_zeros_and_send_nothing() {
+    let mut r = Rig::new(&NONE, Duration::from_secs(30));
+    r.read(0, 5 * EXT - 4096, 3 * 4096);
+    // Done at once: nothing to wait for.
+    assert_eq!(r.req.take_result(0), Some(true));
+    assert!(r.bufs[0][..3 * 4096].iter().all(|&b| b == 0));
+    assert_eq!(r.net.sent, [0; MEMBERS]);
+    // A discard and a write-zeroes of unmapped extents: nothing either.
+    let dsm = nvmf_proto::sqe::Sqe::new(nvmf_proto::sqe::io_opcode::DATASET_MANAGEMENT, 0);
+    r.submit(1, Command::Raw(dsm), 4096, LimitKind::Other, Some(0..EXT));
+    assert_eq!(r.req.take_result(1), Some(true));
+    let wz = Command::WriteZeroes {
+        nsid: 1,
+        slba: 0,
+        blocks: 16,
+        deallocate: false,
+    };
+    r.submit(2, wz, 0, LimitKind::Other, Some(0..8192));
+    assert_eq!(r.req.take_result(2), Some(true));
+    // A flush before any extent is mapped: nothing was written.
+    r.submit(3, Command::Flush { nsid: 1 }, 0, LimitKind::Other, None);
+    assert_eq!(r.req.take_result(3), Some(true));
+    assert_eq!(r.net.sent, [0; MEMBERS]);
+    // Once mapped, a flush goes to the members that hold extents.
+    r.map(0, &[(1, 0), (3, 2)]);
+    r.submit(3, Command::Flush { nsid: 1 }, 0, LimitKind::Other, None);
+    assert!(r.wait(3));
+    assert_eq!(r.net.sent, [0, 1, 0, 1]);
+}
+
+/// Maps extent i on member i % 4 at physical extent i / 4, after the
+/// test opens its gate; counts calls.
+struct GatedAllocator {
+    open: Mutex<bool>,
+    cv: std::sync::Condvar,
+    calls: AtomicU64,
+    fail: bool,
+}
+
+impl GatedAllocator {
+    fn new(open: bool, fail: bool) -> Arc<Self> {
+        Arc::new(Self {
+            open: Mutex::new(open),
+            cv: std::sync::Condvar::new(),
+            calls: AtomicU64::new(0),
+            fail,
+        })
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+impl ExtentAllocator for GatedAllocator {
+    fn allocate(&self, evol: &str, index: u64, deadline: Instant) -> Result<ExtentRecord, String> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut g = self.open.lock().unwrap();
+        while !*g {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err("deadline".into());
+            }
+            g = self.cv.wait_timeout(g, left).unwrap().0;
+        }
+        if self.fail {
+            return Err("the pool is full".into());
+        }
+        assert_eq!(evol, "ev");
+        Ok(record(index, &[((index % 4) as usize, index / 4)]))
+    }
+}
+
+#[test]
+fn first_writes_wait_for_one_allocation_per_extent_then_proceed() {
+    let alloc = GatedAllocator::new(false, false);
+    let mut r = Rig::new(&NONE, Duration::from_secs(60)).with_allocator(alloc.clone());
+    let a = pattern(8192, 1);
+    let b = pattern(8192, 2);
+    // Two writes to extent 6, one to extents 6 and 7.
+    r.write(0, 6 * EXT, &a);
+    r.write(1, 6 * EXT + 8192, &b);
+    let c = pattern(16384, 3);
+    r.write(2, 7 * EXT - 8192, &c);
+    r.tick();
+    assert_eq!(r.req.evol_parked(), 3);
+    assert_eq!(r.map.waiting(Instant::now()).0, 3);
+    assert!(r.req.take_result(0).is_none());
+    assert_eq!(r.net.sent, [0; MEMBERS], "nothing goes before the mapping");
+    alloc.open();
+    assert!(r.wait(0));
+    assert!(r.wait(1));
+    assert!(r.wait(2));
+    assert_eq!(
+        alloc.calls.load(Ordering::SeqCst),
+        2,
+        "one allocation per extent"
+    );
+    assert_eq!(r.map.waiting(Instant::now()).0, 0);
+    // Extent 6: member 2, pext 1; extent 7: member 3, pext 1.
+    assert_eq!(r.raw(2, 1, 0, 8192), a);
+    assert_eq!(r.raw(2, 1, 8192, 8192), b);
+    assert_eq!(r.raw(2, 1, EXT - 8192, 8192), c[..8192]);
+    assert_eq!(r.raw(3, 1, 0, 8192), c[8192..]);
+}
+
+#[test]
+fn a_failing_allocator_fails_the_write_and_the_wait_is_bounded() {
+    let alloc = GatedAllocator::new(true, true);
+    let mut r = Rig::new(&NONE, Duration::from_secs(60)).with_allocator(alloc);
+    r.write(0, 0, &pattern(4096, 1));
+    assert!(!r.wait(0), "not acknowledged");
+    assert_eq!(r.net.sent, [0; MEMBERS]);
+    // An allocator that never answers in time: the write fails after the
+    // configured wait, not later.
+    let silent = GatedAllocator::new(false, false);
+    let mut r = Rig::new(&NONE, Duration::from_millis(200)).with_allocator(silent.clone());
+    r.write(0, 0, &pattern(4096, 1));
+    assert!(!r.wait(0));
+    assert_eq!(r.req.evol_parked(), 0);
+    assert_eq!(r.map.waiting(Instant::now()).0, 0);
+    silent.open();
+}
+
+#[test]
+fn a_copy_that_fails_a_write_fails_it_and_serves_no_more_reads() {
+    // Member 1 answers its first I/O with an error.
+    let faults = [
+        None,
+        Some((Fault::ErrorStatus, Trigger::NthIo(0))),
+        None,
+        None,
+    ];
+    let mut r = Rig::new(&faults, Duration::from_secs(30));
+    r.map(0, &[(1, 0), (2, 0)]);
+    let d = pattern(8192, 9);
+    r.write(0, 0, &d);
+    assert!(!r.wait(0), "a write one copy missed is not acknowledged");
+    assert_eq!(r.map.stale_copies(), 1);
+    assert_eq!(r.raw(2, 0, 0, 8192), d, "the other copy got it");
+    // Reads go to the copy that holds it, not to the preferred stale one.
+    let before = r.net.sent.clone();
+    r.read(1, 0, 8192);
+    assert!(r.wait(1));
+    assert_eq!(&r.bufs[1][..8192], &d[..]);
+    assert_eq!(r.net.sent[1], before[1]);
+    assert_eq!(r.net.sent[2], before[2] + 1);
+}
+
+/// Maps through etcd as a leader would (tests only: production asks the
+/// arbiter): the next free physical extent, round robin over members.
+struct StoreAllocator {
+    store: Mutex<Store>,
+    keys: EvolKeys,
+    lead: Leadership,
+    next: AtomicU64,
+}
+
+impl ExtentAllocator for StoreAllocator {
+    fn allocate(&self, evol: &str, index: u64, _deadline: Instant) -> Result<ExtentRecord, String> {
+        let s = self.store.lock().unwrap();
+        loop {
+            let n = self.next.fetch_add(1, Ordering::SeqCst);
+            let at = Placement {
+                namespace: ns((n % MEMBERS as u64) as usize),
+                pext: n / MEMBERS as u64,
+            };
+            match s
+                .map_extent(&self.keys, self.lead, evol, index, &[at])
+                .map_err(|e| e.to_string())?
+            {
+                MapOutcome::Mapped(r) | MapOutcome::AlreadyMapped(r) => return Ok(r),
+                MapOutcome::PextTaken(_) => continue,
+                MapOutcome::NotLeader => return Err("not the leader".into()),
+            }
+        }
+    }
+}
+
+#[test]
+fn allocations_go_through_etcd_and_the_watch_brings_others_mappings() {
+    let c = EtcdCluster::start(3);
+    let s = c.store(Duration::from_secs(3)).unwrap();
+    let keys = EvolKeys::new("/evol-test");
+    let me = LeaderRecord {
+        schema: SCHEMA,
+        id: "test".into(),
+        address: "127.0.0.1:1".into(),
+        lease: s.grant_lease(Duration::from_secs(60)).unwrap(),
+    };
+    let lead = s.campaign(&keys, &me).unwrap().expect("leader");
+    let mut r = Rig::new(&NONE, Duration::from_secs(60));
+    // Another party mapped extent 9 before we started: the read sees it.
+    assert!(matches!(
+        s.map_extent(
+            &keys,
+            lead,
+            "ev",
+            9,
+            &[Placement {
+                namespace: ns(3),
+                pext: 7
+            }]
+        )
+        .unwrap(),
+        MapOutcome::Mapped(_)
+    ));
+    let snap = s.read_extents_at(&keys, "ev").unwrap();
+    r.map.replace(&snap.extents);
+    let m = Arc::clone(&r.map);
+    let watch = ExtentWatch::start(
+        StoreConfig {
+            endpoints: c.endpoints(),
+            op_timeout: Duration::from_secs(3),
+        },
+        &keys,
+        "ev",
+        snap.revision,
+        move |e| match e {
+            ExtentEvent::Mapped(rec) => m.insert(&rec).unwrap(),
+            ExtentEvent::Unmapped(i) => m.remove(i),
+            ExtentEvent::Resync(s) => m.replace(&s.extents),
+        },
+    )
+    .unwrap();
+    assert_eq!(r.map.get(9).unwrap().copies().collect::<Vec<_>>(), [(3, 7)]);
+    // Another party maps extent 10 now: the watch brings it.
+    assert!(matches!(
+        s.map_extent(
+            &keys,
+            lead,
+            "ev",
+            10,
+            &[Placement {
+                namespace: ns(1),
+                pext: 6
+            }]
+        )
+        .unwrap(),
+        MapOutcome::Mapped(_)
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while r.map.get(10).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the watch never brought extent 10"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let d = pattern(4096, 4);
+    r.write(0, 10 * EXT + 4096, &d);
+    assert!(r.wait(0));
+    assert_eq!(r.raw(1, 6, 4096, 4096), d);
+    // A first write allocates through etcd.
+    let r2 = Rig::new(&NONE, Duration::from_secs(60));
+    let alloc = Arc::new(StoreAllocator {
+        store: Mutex::new(c.store(Duration::from_secs(3)).unwrap()),
+        keys: keys.clone(),
+        lead,
+        next: AtomicU64::new(0),
+    });
+    drop(r2);
+    r._alloc =
+        Some(AllocatorThread::start(Arc::clone(&r.map), alloc, Duration::from_secs(30)).unwrap());
+    let d2 = pattern(8192, 5);
+    r.write(1, 2 * EXT, &d2);
+    assert!(r.wait(1));
+    let rec = s
+        .read_extents_at(&keys, "ev")
+        .unwrap()
+        .extents
+        .into_iter()
+        .find(|e| e.index == 2)
+        .expect("extent 2 in etcd");
+    let (member, pext) = r.map.get(2).unwrap().copies().next().unwrap();
+    assert_eq!(rec.copies[0].namespace, ns(member));
+    assert_eq!(rec.copies[0].pext, pext);
+    assert_eq!(r.raw(member, pext, 0, 8192), d2);
+    watch.stop();
+}
