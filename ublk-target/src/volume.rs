@@ -320,26 +320,52 @@ pub struct EvolRuntime {
     _alloc: crate::evol::AllocatorThread,
 }
 
-/// The allocator an eVol's first writes use.
+/// The allocator of an eVol's first writes: the elected `evol-arbiter`,
+/// found through etcd's leader key (the `[cluster]` endpoints and prefix),
+/// called from the volume's allocator thread only.
 ///
-/// THE LEAD PLUGS THE ARBITER IN HERE: return an adapter over
-/// `evol_arbiter::client::ArbiterClient` (its `allocate` has the same
-/// arguments; map its `ArbiterError` to a `String`). Until then first
-/// writes to unmapped extents fail with EIO (and say why in the log);
-/// reads, and writes to extents mapped by anyone else, work.
-pub fn evol_allocator(_config: &VolumeConfig) -> Arc<dyn crate::evol::ExtentAllocator> {
-    struct NoArbiter;
-    impl crate::evol::ExtentAllocator for NoArbiter {
+/// The client connects on the first allocation, not at start: a device
+/// whose arbiter is down (or failing over) still serves every mapped
+/// extent, and its first writes wait (up to `[evol] alloc_wait`) until a
+/// leader answers. `ArbiterClient::allocate` retries across failovers
+/// until the deadline and is idempotent per extent, so a retried request
+/// gets the mapping the first attempt made.
+pub fn evol_allocator(config: &VolumeConfig) -> Arc<dyn crate::evol::ExtentAllocator> {
+    struct Arbiter {
+        opts: evol_arbiter::client::ClientOptions,
+        // `ArbiterClient` is not `Sync`; the allocator thread is its only
+        // user, so the lock is never contended.
+        client: std::sync::Mutex<Option<evol_arbiter::client::ArbiterClient>>,
+    }
+    impl crate::evol::ExtentAllocator for Arbiter {
         fn allocate(
             &self,
-            _evol: &str,
-            _index: u64,
-            _deadline: std::time::Instant,
+            evol: &str,
+            index: u64,
+            deadline: std::time::Instant,
         ) -> Result<cluster_store::evol::ExtentRecord, String> {
-            Err("this build has no arbiter client (crate::volume::evol_allocator)".into())
+            let mut guard = self.client.lock().unwrap_or_else(|e| e.into_inner());
+            if guard.is_none() {
+                let c = evol_arbiter::client::ArbiterClient::connect(self.opts.clone())
+                    .map_err(|e| format!("arbiter client: {e}"))?;
+                *guard = Some(c);
+            }
+            let client = guard.as_ref().expect("set above");
+            client
+                .allocate(evol, index, deadline)
+                .map_err(|e| format!("arbiter: {e}"))
         }
     }
-    Arc::new(NoArbiter)
+    let (endpoints, prefix, op_timeout) = match &config.cluster {
+        Some(c) => (c.endpoints.clone(), c.prefix.clone(), c.op_timeout),
+        None => (Vec::new(), String::new(), std::time::Duration::from_secs(1)),
+    };
+    let mut opts = evol_arbiter::client::ClientOptions::new(endpoints, &prefix);
+    opts.etcd_timeout = op_timeout;
+    Arc::new(Arbiter {
+        opts,
+        client: std::sync::Mutex::new(None),
+    })
 }
 
 /// An eVol's spec and pool from etcd: the members (sorted by namespace
