@@ -469,6 +469,26 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
         )
         + &format_replicas(s)
         + &format_cluster(s)
+        + &format_evol(s)
+}
+
+/// An eVol's line: members, map, allocations and the writes that wait for
+/// one (a first write waits while no arbiter answers: visible here).
+fn format_evol(s: &ublk_target::volume::StatsSnapshot) -> String {
+    let Some(e) = &s.evol else {
+        return String::new();
+    };
+    let mut out = format!(
+        "  evol {}: {} members, {} extents mapped, {} allocations, {} stale copies\n",
+        e.name, e.members, e.extents_mapped, e.allocations, e.stale_copies
+    );
+    if e.writes_waiting > 0 {
+        out += &format!(
+            "  evol: {} writes wait for an extent mapping (oldest {} ms)\n",
+            e.writes_waiting, e.oldest_wait_ms
+        );
+    }
+    out
 }
 
 fn format_cluster(s: &ublk_target::volume::StatsSnapshot) -> String {
