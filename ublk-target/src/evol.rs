@@ -451,10 +451,7 @@ impl ExtentMap {
                     StaleState::Pending
                 }
                 _ => {
-                    let why = format!(
-                        "eVol {}: nothing records stale copies in etcd",
-                        self.name
-                    );
+                    let why = format!("eVol {}: nothing records stale copies in etcd", self.name);
                     c.failed = Some(why.clone());
                     StaleState::Failed(why)
                 }
@@ -546,7 +543,10 @@ impl ExtentMap {
 
     /// Stale copies repaired so far.
     pub fn repaired(&self) -> u64 {
-        self.stale.lock().unwrap_or_else(|e| e.into_inner()).repaired
+        self.stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .repaired
     }
 
     /// A write to the pieces of extent `index` started (the repair redoes
@@ -899,11 +899,7 @@ impl HealthThread {
                     })?,
             );
         }
-        Ok(Self {
-            map,
-            stop,
-            threads,
-        })
+        Ok(Self { map, stop, threads })
     }
 }
 
@@ -985,9 +981,9 @@ impl ExtentMap {
             cands.into_iter().find_map(|(i, m, misses)| {
                 let mapped = self.get(i)?;
                 let dst = mapped.pext_of(m)?;
-                let src = mapped.copies().find(|&(s, _)| {
-                    s != m && !b.copies.contains_key(&(i, s)) && io.reachable(s)
-                })?;
+                let src = mapped
+                    .copies()
+                    .find(|&(s, _)| s != m && !b.copies.contains_key(&(i, s)) && io.reachable(s))?;
                 Some((i, m, dst, src, misses))
             })
         };
