@@ -15,11 +15,14 @@
 //! - [`evol`]: elastic volumes' pool, specs and extent maps, and the
 //!   arbiter's leadership (issue 18), with the transactions that keep a
 //!   physical extent from being mapped twice;
+//! - [`evol_health`]: an eVol's per-extent stale marks, written by its
+//!   owner under its attach epoch;
 //! - [`testing`]: a real etcd cluster on loopback for tests.
 //!
 //! The single-host default never touches any of it.
 
 pub mod evol;
+pub mod evol_health;
 pub mod records;
 pub mod store;
 pub mod testing;

@@ -30,11 +30,26 @@
 //! - **A write piece goes to every copy in parallel** (Flint chains copies
 //!   through the client; we do not): latency is the slowest copy's, not
 //!   the sum, and no client trusts another to forward its data.
-//! - **A copy that fails a write is not read from again** (it is marked
-//!   stale for that extent in this client's cache) and the write fails:
-//!   per-extent repair (resync of a copy from another) is not built, so
-//!   the volume never acknowledges a write that one copy may not hold and
-//!   never serves a read from a copy that may be behind.
+//! - **A copy that misses a write is recorded stale in etcd before the
+//!   write is acknowledged.** A copy's part that answers an error, or
+//!   whose member's path is down (the engine drops the parts it holds for
+//!   a member without a connection, as long as another copy of the piece
+//!   is in sync), is a miss: the copy is taken off reads at once
+//!   ([`ExtentMap::mark_stale`]), the [`HealthThread`] writes the
+//!   extent's mark (`PREFIX/evols/NAME/stale/L`, guarded by the owner's
+//!   attach epoch: [`EtcdStaleStore`]) and the write completes with the
+//!   other copies' success once the mark is durable. If the mark cannot
+//!   be written (deposed owner, etcd down past the bound) or no copy took
+//!   the write, it fails. A new owner loads the marks at start
+//!   ([`ExtentMap::load_stale`]) and reads no stale copy.
+//! - **A stale copy is repaired from an in-sync one** once its member is
+//!   reachable ([`MemberIo`]), chunk by chunk (at most [`REPAIR_CHUNK`]
+//!   and the members' max I/O, rate-limited by `[replication]
+//!   resync_rate`), while writes go on: writes keep going to every copy,
+//!   the stale one included; a chunk is redone if a write to the extent
+//!   was in flight or started while it was copied, and the whole copy if
+//!   it missed another write meanwhile. Then the copy is taken off the
+//!   stale set and its mark is deleted (epoch-guarded).
 //! - **Discard never frees an extent** (not in this step): unmapping
 //!   races with this host's own in-flight writes to the extent and with
 //!   the arbiter handing the physical extent to another volume, which
@@ -49,7 +64,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use cluster_store::evol::ExtentRecord;
+use cluster_store::evol::{ExtentRecord, Placement};
 use qos_core::ReplicaSet;
 
 /// Most namespaces (members) one eVol may use: copies are named by
@@ -184,6 +199,39 @@ struct AllocBook {
 
 type Waker = Box<dyn Fn() + Send + Sync>;
 
+/// Where the durable (etcd) stale mark of a copy that missed a write
+/// stands; the write is acknowledged only once it is `Durable`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StaleState {
+    /// In etcd (or the copy was repaired since).
+    Durable,
+    /// Being recorded.
+    Pending,
+    /// The record failed (not the owner any more, etcd unreachable).
+    Failed(String),
+}
+
+#[derive(Debug, Default)]
+struct StaleCopy {
+    /// Its mark is in etcd.
+    durable: bool,
+    /// Its mark is being written.
+    recording: bool,
+    /// The last record's failure.
+    failed: Option<String>,
+    /// Writes it missed (the repair starts over if one more comes).
+    misses: u64,
+}
+
+#[derive(Default)]
+struct StaleBook {
+    copies: HashMap<(u64, usize), StaleCopy>,
+    /// The health thread's queue of extents whose marks to write.
+    queue: Option<mpsc::Sender<u64>>,
+    repairing: Option<(u64, usize)>,
+    repaired: u64,
+}
+
 /// The client's cache of an eVol's extent map; see the module
 /// documentation.
 pub struct ExtentMap {
@@ -193,8 +241,12 @@ pub struct ExtentMap {
     /// Per member: its namespace id in the pool.
     members: Vec<String>,
     extents: RwLock<HashMap<u64, Mapped>>,
-    /// (extent, member) copies that missed a write: never read from.
-    stale: Mutex<HashSet<(u64, usize)>>,
+    /// Copies that missed a write (never read from) and their repair.
+    stale: Mutex<StaleBook>,
+    /// Per extent with writes in flight: (in flight, started).
+    writes: Mutex<HashMap<u64, (u32, u64)>>,
+    /// One etcd stale-mark write at a time.
+    etcd: Mutex<()>,
     /// Bumped on every change a parked write may wait for.
     version: AtomicU64,
     /// Members holding any extent (flushes go there).
@@ -243,7 +295,9 @@ impl ExtentMap {
             size_bytes,
             members,
             extents: RwLock::new(HashMap::new()),
-            stale: Mutex::new(HashSet::new()),
+            stale: Mutex::new(StaleBook::default()),
+            writes: Mutex::new(HashMap::new()),
+            etcd: Mutex::new(()),
             version: AtomicU64::new(0),
             used: AtomicU32::new(0),
             alloc: Mutex::new(AllocBook::default()),
@@ -374,37 +428,199 @@ impl ExtentMap {
         self.changed();
     }
 
-    /// Copy `member` of extent `index` missed a write: never read from it
-    /// again (in this process; see the module documentation).
-    pub fn mark_stale(&self, index: u64, member: usize) {
-        let fresh = self
-            .stale
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((index, member));
+    /// Copy `member` of extent `index` missed a write: no more reads from
+    /// it, and its stale mark is to be made durable in etcd (by the
+    /// [`HealthThread`]) before the write is acknowledged. Returns where
+    /// the durable mark stands ([`ExtentMap::stale_state`]).
+    pub fn mark_stale(&self, index: u64, member: usize) -> StaleState {
+        let mut b = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+        let queue = b.queue.clone();
+        let c = b.copies.entry((index, member)).or_default();
+        c.misses += 1;
+        let fresh = c.misses == 1;
+        let state = if c.durable {
+            StaleState::Durable
+        } else if c.recording {
+            StaleState::Pending
+        } else {
+            // New, or an earlier record failed: (re)record it.
+            match queue.map(|q| q.send(index)) {
+                Some(Ok(())) => {
+                    c.recording = true;
+                    c.failed = None;
+                    StaleState::Pending
+                }
+                _ => {
+                    let why = format!("eVol {}: nothing records stale copies in etcd", self.name);
+                    c.failed = Some(why.clone());
+                    StaleState::Failed(why)
+                }
+            }
+        };
+        drop(b);
         if fresh {
-            log::error!(
-                "eVol {}: extent {index}: the copy on namespace {} missed a write; no more reads from it (per-extent repair is not built)",
+            log::warn!(
+                "eVol {}: extent {index}: the copy on namespace {} missed a write; no reads from it until it is repaired",
                 self.name,
                 self.members.get(member).map_or("?", String::as_str)
             );
         }
+        state
+    }
+
+    /// Where copy `member` of extent `index`'s durable stale mark stands.
+    pub fn stale_state(&self, index: u64, member: usize) -> StaleState {
+        let b = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+        match b.copies.get(&(index, member)) {
+            // Repaired meanwhile: nothing to wait for.
+            None => StaleState::Durable,
+            Some(c) if c.durable => StaleState::Durable,
+            Some(c) => match &c.failed {
+                Some(why) => StaleState::Failed(why.clone()),
+                None => StaleState::Pending,
+            },
+        }
+    }
+
+    /// Marks read from etcd at start (a previous owner's): durable already.
+    pub fn load_stale(&self, recs: &[cluster_store::evol_health::StaleRecord]) {
+        let mut b = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+        for r in recs {
+            for c in &r.copies {
+                match self.members.iter().position(|n| *n == c.namespace) {
+                    Some(m) => {
+                        let e = b.copies.entry((r.index, m)).or_default();
+                        e.durable = true;
+                        e.misses += 1;
+                    }
+                    None => log::error!(
+                        "eVol {}: extent {}: a stale copy on namespace {}, which is not a member",
+                        self.name,
+                        r.index,
+                        c.namespace
+                    ),
+                }
+            }
+        }
+        drop(b);
+        self.changed();
     }
 
     /// The members of `m` (extent `index`) that may serve reads.
     pub fn readable(&self, index: u64, m: &Mapped) -> ReplicaSet {
         let stale = self.stale.lock().unwrap_or_else(|e| e.into_inner());
-        if stale.is_empty() {
+        if stale.copies.is_empty() {
             return m.members();
         }
         m.copies()
-            .filter(|&(member, _)| !stale.contains(&(index, member)))
+            .filter(|&(member, _)| !stale.copies.contains_key(&(index, member)))
             .fold(ReplicaSet::EMPTY, |s, (member, _)| s.with(member))
     }
 
     /// Copies marked stale.
     pub fn stale_copies(&self) -> usize {
-        self.stale.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .copies
+            .len()
+    }
+
+    /// Extents with a stale copy.
+    pub fn stale_extents(&self) -> usize {
+        let b = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+        let set: HashSet<u64> = b.copies.keys().map(|&(i, _)| i).collect();
+        set.len()
+    }
+
+    /// The (extent, member) being repaired now, if any.
+    pub fn repairing(&self) -> Option<(u64, usize)> {
+        self.stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .repairing
+    }
+
+    /// Stale copies repaired so far.
+    pub fn repaired(&self) -> u64 {
+        self.stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .repaired
+    }
+
+    /// A write to the pieces of extent `index` started (the repair redoes
+    /// a chunk that a write may have overlapped).
+    pub fn write_started(&self, index: u64) {
+        let mut w = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        let e = w.entry(index).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += 1;
+    }
+
+    /// A write to extent `index` ended (every copy's part did).
+    pub fn write_ended(&self, index: u64) {
+        let mut w = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        // The entry stays (its start count is what the repair compares),
+        // one per extent ever written, like the map's own.
+        if let Some(e) = w.get_mut(&index) {
+            e.0 = e.0.saturating_sub(1);
+        }
+    }
+
+    /// Writes in flight to extent `index`, and how many started so far.
+    fn writes_of(&self, index: u64) -> (u32, u64) {
+        self.writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&index)
+            .copied()
+            .unwrap_or((0, 0))
+    }
+
+    /// The stale copies of extent `index` as placements (what its etcd
+    /// mark lists), and the members they are.
+    fn stale_of(&self, b: &StaleBook, index: u64) -> (Vec<usize>, Vec<Placement>) {
+        let m = self.get(index);
+        let mut members = Vec::new();
+        let mut places = Vec::new();
+        for (&(i, member), _) in b.copies.iter().filter(|(k, _)| k.0 == index) {
+            debug_assert_eq!(i, index);
+            if let Some(pext) = m.and_then(|m| m.pext_of(member)) {
+                members.push(member);
+                places.push(Placement {
+                    namespace: self.members[member].clone(),
+                    pext,
+                });
+            }
+        }
+        places.sort();
+        (members, places)
+    }
+
+    /// Writes extent `index`'s stale mark as the book has it now (none:
+    /// deletes it) and marks what it lists durable. Serialized, so the
+    /// last write is of the latest state.
+    fn sync_stale(&self, store: &dyn StaleStore, index: u64) -> Result<(), String> {
+        let _one = self.etcd.lock().unwrap_or_else(|e| e.into_inner());
+        let (members, places) = {
+            let b = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+            self.stale_of(&b, index)
+        };
+        let r = store.put(index, &places);
+        let mut b = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+        for m in members {
+            if let Some(c) = b.copies.get_mut(&(index, m)) {
+                c.recording = false;
+                match &r {
+                    Ok(()) => c.durable = true,
+                    Err(e) => c.failed = Some(e.clone()),
+                }
+            }
+        }
+        drop(b);
+        self.changed();
+        r
     }
 
     /// A write waits for extent `index`: make sure it is being allocated.
@@ -551,6 +767,322 @@ impl Drop for AllocatorThread {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Where an eVol's per-extent stale marks are kept: etcd, written by the
+/// owner under its epoch ([`EtcdStaleStore`]).
+pub trait StaleStore: Send + Sync {
+    /// Records `copies` as extent `index`'s stale copies (empty: none,
+    /// the mark is deleted). Must be durable when it returns `Ok`.
+    fn put(&self, index: u64, copies: &[Placement]) -> Result<(), String>;
+}
+
+/// [`StaleStore`] in etcd (`cluster_store::evol_health`), guarded by the
+/// owner's attach epoch: a deposed owner's records fail.
+pub struct EtcdStaleStore {
+    store: Mutex<cluster_store::Store>,
+    vkeys: cluster_store::VolumeKeys,
+    keys: cluster_store::evol::EvolKeys,
+    evol: String,
+    epoch: u64,
+}
+
+impl EtcdStaleStore {
+    /// Marks of eVol `evol` (volume keys `vkeys`, the cluster mode's
+    /// ownership) written with attach epoch `epoch`.
+    pub fn new(
+        store: cluster_store::Store,
+        vkeys: cluster_store::VolumeKeys,
+        keys: cluster_store::evol::EvolKeys,
+        evol: &str,
+        epoch: u64,
+    ) -> Self {
+        Self {
+            store: Mutex::new(store),
+            vkeys,
+            keys,
+            evol: evol.to_owned(),
+            epoch,
+        }
+    }
+}
+
+impl StaleStore for EtcdStaleStore {
+    fn put(&self, index: u64, copies: &[Placement]) -> Result<(), String> {
+        self.store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .put_stale(
+                &self.vkeys,
+                &self.keys,
+                &self.evol,
+                self.epoch,
+                index,
+                copies,
+            )
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// How the repair reaches the members (blocking I/O, off the io_uring
+/// threads): each member's controller in production, fake targets in
+/// tests.
+pub trait MemberIo: Send + Sync {
+    /// Whether member `m` is reachable now (its controller is live).
+    fn reachable(&self, m: usize) -> bool;
+    /// Most bytes one command to member `m` may carry.
+    fn max_io(&self, m: usize) -> usize;
+    /// Read `buf.len()` bytes of member `m`'s namespace at byte `at`.
+    fn read(&self, m: usize, at: u64, buf: &mut [u8]) -> Result<(), String>;
+    /// Write `data` to member `m`'s namespace at byte `at`.
+    fn write(&self, m: usize, at: u64, data: &[u8]) -> Result<(), String>;
+}
+
+/// Bytes the repair copies per command at most.
+pub const REPAIR_CHUNK: usize = 128 << 10;
+
+/// How often the repair looks for stale copies when idle.
+const REPAIR_POLL: Duration = Duration::from_millis(100);
+
+/// The per-volume threads that keep the stale marks: one records marks
+/// in etcd (what writes that missed a copy wait for), one repairs stale
+/// copies from an in-sync one and clears their marks; stops when
+/// dropped.
+pub struct HealthThread {
+    map: Arc<ExtentMap>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl HealthThread {
+    /// Starts recording `map`'s stale marks in `store` and, with `io`,
+    /// repairing stale copies at up to `rate_bps` bytes per second (0:
+    /// unlimited).
+    pub fn start(
+        map: Arc<ExtentMap>,
+        store: Arc<dyn StaleStore>,
+        io: Option<Arc<dyn MemberIo>>,
+        rate_bps: u64,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<u64>();
+        map.stale.lock().unwrap_or_else(|e| e.into_inner()).queue = Some(tx);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let (m, st) = (Arc::clone(&map), Arc::clone(&store));
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("evol-stale-{}", map.name))
+                .spawn(move || {
+                    while let Ok(index) = rx.recv() {
+                        if let Err(e) = m.sync_stale(st.as_ref(), index) {
+                            log::error!(
+                                "eVol {}: recording extent {index}'s stale copies: {e}",
+                                m.name
+                            );
+                        }
+                    }
+                })?,
+        );
+        if let Some(io) = io {
+            let (m, st, halt) = (Arc::clone(&map), store, Arc::clone(&stop));
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("evol-repair-{}", map.name))
+                    .spawn(move || {
+                        let mut pacer = Pacer::new(rate_bps);
+                        while !halt.load(Ordering::Acquire) {
+                            if !m.repair_one(st.as_ref(), io.as_ref(), &mut pacer, &halt) {
+                                std::thread::sleep(REPAIR_POLL);
+                            }
+                        }
+                    })?,
+            );
+        }
+        Ok(Self { map, stop, threads })
+    }
+}
+
+impl Drop for HealthThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.map
+            .stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .queue = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Spaces the repair's copies to a rate.
+struct Pacer {
+    rate_bps: u64,
+    start: Instant,
+    bytes: u64,
+}
+
+impl Pacer {
+    fn new(rate_bps: u64) -> Self {
+        Self {
+            rate_bps,
+            start: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    fn pace(&mut self, n: usize) {
+        if self.rate_bps == 0 {
+            return;
+        }
+        self.bytes += n as u64;
+        let due = Duration::from_secs_f64(self.bytes as f64 / self.rate_bps as f64);
+        let spent = self.start.elapsed();
+        if due > spent {
+            std::thread::sleep(due - spent);
+        }
+        if spent > Duration::from_secs(10) {
+            // Forget old history: an idle period is no credit for a burst.
+            *self = Self::new(self.rate_bps);
+        }
+    }
+}
+
+impl ExtentMap {
+    /// Repairs one durably stale copy whose member is reachable, if any:
+    /// whether it tried one.
+    ///
+    /// A chunk's copy is valid only if no write to the extent was in
+    /// flight when it started and none started until it was written
+    /// (writes go to every copy, the stale one included, so a write that
+    /// ended before the read is in the source, and on the stale copy
+    /// unless it missed it); else it is redone. A copy that misses a
+    /// write meanwhile (its miss count moved) is repaired again from the
+    /// start. Only then is the copy taken off the stale set and its mark
+    /// deleted from etcd.
+    fn repair_one(
+        &self,
+        store: &dyn StaleStore,
+        io: &dyn MemberIo,
+        pacer: &mut Pacer,
+        halt: &std::sync::atomic::AtomicBool,
+    ) -> bool {
+        let job = {
+            let b = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+            let mut cands: Vec<_> = b
+                .copies
+                .iter()
+                .filter(|(&(_, m), c)| c.durable && io.reachable(m))
+                .map(|(&(i, m), c)| (i, m, c.misses))
+                .collect();
+            cands.sort_unstable();
+            cands.into_iter().find_map(|(i, m, misses)| {
+                let mapped = self.get(i)?;
+                let dst = mapped.pext_of(m)?;
+                let src = mapped
+                    .copies()
+                    .find(|&(s, _)| s != m && !b.copies.contains_key(&(i, s)) && io.reachable(s))?;
+                Some((i, m, dst, src, misses))
+            })
+        };
+        let Some((index, member, dst_pext, (src, src_pext), misses)) = job else {
+            return false;
+        };
+        self.stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .repairing = Some((index, member));
+        let r = self.repair_copy(index, member, dst_pext, src, src_pext, io, pacer, halt);
+        let mut b = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+        b.repairing = None;
+        match r {
+            Ok(()) => {
+                let again = b
+                    .copies
+                    .get(&(index, member))
+                    .is_none_or(|c| c.misses != misses);
+                if again {
+                    // It missed another write meanwhile: once more.
+                    return true;
+                }
+                b.copies.remove(&(index, member));
+                b.repaired += 1;
+                drop(b);
+                log::info!(
+                    "eVol {}: extent {index}: the copy on namespace {} is repaired",
+                    self.name,
+                    self.members[member]
+                );
+                self.changed();
+                if let Err(e) = self.sync_stale(store, index) {
+                    // Conservative: the mark stays, the next owner
+                    // repairs the copy again.
+                    log::error!(
+                        "eVol {}: clearing extent {index}'s stale mark: {e}",
+                        self.name
+                    );
+                }
+            }
+            Err(e) => {
+                drop(b);
+                log::warn!(
+                    "eVol {}: repairing extent {index} on namespace {}: {e}; retrying",
+                    self.name,
+                    self.members[member]
+                );
+                std::thread::sleep(REPAIR_POLL);
+            }
+        }
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn repair_copy(
+        &self,
+        index: u64,
+        member: usize,
+        dst_pext: u64,
+        src: usize,
+        src_pext: u64,
+        io: &dyn MemberIo,
+        pacer: &mut Pacer,
+        halt: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), String> {
+        let chunk = REPAIR_CHUNK
+            .min(io.max_io(member))
+            .min(io.max_io(src))
+            .min(self.extent_bytes as usize)
+            .max(512);
+        let mut buf = vec![0u8; chunk];
+        let mut off = 0u64;
+        let mut redo = 0u32;
+        while off < self.extent_bytes {
+            if halt.load(Ordering::Acquire) {
+                return Err("stopping".into());
+            }
+            let n = chunk.min((self.extent_bytes - off) as usize);
+            let (busy, started) = self.writes_of(index);
+            if busy > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            io.read(src, src_pext * self.extent_bytes + off, &mut buf[..n])
+                .map_err(|e| format!("reading the copy on {}: {e}", self.members[src]))?;
+            io.write(member, dst_pext * self.extent_bytes + off, &buf[..n])?;
+            if self.writes_of(index) != (0, started) {
+                // A write overlapped the copy: redo the chunk.
+                redo += 1;
+                if redo % 1000 == 0 {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                continue;
+            }
+            pacer.pace(n);
+            off += n as u64;
+        }
+        Ok(())
     }
 }
 

@@ -134,8 +134,17 @@ pub struct EvolStatus {
     pub writes_waiting: usize,
     /// How long the oldest of them has waited (ms).
     pub oldest_wait_ms: u64,
-    /// Copies that missed a write and serve no reads.
+    /// Copies that missed a write and serve no reads (marked in etcd).
     pub stale_copies: usize,
+    /// Extents with a stale copy.
+    #[serde(default)]
+    pub stale_extents: usize,
+    /// The extent whose stale copy is being repaired now.
+    #[serde(default)]
+    pub repairing: Option<u64>,
+    /// Stale copies repaired since start.
+    #[serde(default)]
+    pub repaired: u64,
 }
 
 /// What `status` shows of one replica.
@@ -270,7 +279,7 @@ pub struct ReplicaEndpoint {
     /// Resolved address.
     pub addr: SocketAddr,
     /// Its controller (admin queue, keep-alive, reconnect).
-    pub ctrl: Controller,
+    pub ctrl: Arc<Controller>,
     /// Namespace identity.
     pub identity: TargetIdentity,
     /// The classes with an I/O queue of their own on this target, per
@@ -318,6 +327,37 @@ pub struct EvolRuntime {
     pub wait: std::time::Duration,
     _watch: cluster_store::watch::ExtentWatch,
     _alloc: crate::evol::AllocatorThread,
+    /// Records stale copies in etcd and repairs them.
+    _health: crate::evol::HealthThread,
+}
+
+/// The repair's blocking I/O to an eVol's members: each member's
+/// controller (its blocking I/O queue, off the io_uring threads).
+struct ControllerIo {
+    /// Per member: controller, namespace, block size.
+    members: Vec<(Arc<Controller>, u32, u64)>,
+}
+
+impl crate::evol::MemberIo for ControllerIo {
+    fn reachable(&self, m: usize) -> bool {
+        self.members.get(m).is_some_and(|(c, _, _)| c.is_live())
+    }
+
+    fn max_io(&self, m: usize) -> usize {
+        self.members
+            .get(m)
+            .map_or(4096, |(c, _, _)| c.info().max_transfer_bytes as usize)
+    }
+
+    fn read(&self, m: usize, at: u64, buf: &mut [u8]) -> Result<(), String> {
+        let (c, nsid, bs) = &self.members[m];
+        c.read(*nsid, at / bs, buf).map_err(|e| e.to_string())
+    }
+
+    fn write(&self, m: usize, at: u64, data: &[u8]) -> Result<(), String> {
+        let (c, nsid, bs) = &self.members[m];
+        c.write(*nsid, at / bs, data).map_err(|e| e.to_string())
+    }
 }
 
 /// The allocator of an eVol's first writes: the elected `evol-arbiter`,
@@ -433,6 +473,8 @@ fn evol_start(
     config: &VolumeConfig,
     spec: &cluster_store::evol::EvolSpec,
     members: Vec<String>,
+    epoch: u64,
+    replicas: &[ReplicaEndpoint],
 ) -> Result<EvolRuntime, Error> {
     let (Some(ev), Some(cc)) = (&config.evol, &config.cluster) else {
         return Err(Error::Usage("an eVol needs [evol] and [cluster]".into()));
@@ -454,6 +496,35 @@ fn evol_start(
     for r in &snap.extents {
         map.insert(r).map_err(Error::Usage)?;
     }
+    // A previous owner's stale marks: those copies serve no reads until
+    // repaired.
+    let stale = store
+        .read_stale(&keys, &ev.name)
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    map.load_stale(&stale);
+    let stale_store = crate::evol::EtcdStaleStore::new(
+        cluster_store::Store::connect(sc.clone()).map_err(|e| Error::Usage(e.to_string()))?,
+        cluster_store::VolumeKeys::new(&cc.prefix, &config.name),
+        keys.clone(),
+        &ev.name,
+        epoch,
+    );
+    let io = ControllerIo {
+        members: replicas
+            .iter()
+            .map(|r| {
+                let bs = u64::from(r.identity.geometry.block_size);
+                (Arc::clone(&r.ctrl), r.spec.nsid, bs)
+            })
+            .collect(),
+    };
+    let health = crate::evol::HealthThread::start(
+        Arc::clone(&map),
+        Arc::new(stale_store),
+        Some(Arc::new(io)),
+        config.replication.resync_rate_bps,
+    )
+    .map_err(|e| Error::State(format!("starting the eVol health threads: {e}")))?;
     let m = Arc::clone(&map);
     let watch =
         cluster_store::watch::ExtentWatch::start(sc, &keys, &ev.name, snap.revision, move |e| {
@@ -480,6 +551,7 @@ fn evol_start(
         wait: ev.alloc_wait,
         _watch: watch,
         _alloc: alloc,
+        _health: health,
     })
 }
 
@@ -543,7 +615,8 @@ impl Volume {
         match Self::connect_attached(config, host, priority, recovering, attachment.as_ref()) {
             Ok(mut v) => {
                 if let Some((spec, members)) = evol {
-                    match evol_start(&v.config, &spec, members) {
+                    let epoch = attachment.as_ref().map_or(0, |a| a.epoch());
+                    match evol_start(&v.config, &spec, members, epoch, &v.replicas) {
                         Ok(rt) => {
                             // The device is the eVol's size; a request
                             // spans at most MAX_PIECES extents.
@@ -762,6 +835,9 @@ impl Volume {
                     writes_waiting: n,
                     oldest_wait_ms: oldest.as_millis() as u64,
                     stale_copies: e.map.stale_copies(),
+                    stale_extents: e.map.stale_extents(),
+                    repairing: e.map.repairing().map(|(i, _)| i),
+                    repaired: e.map.repaired(),
                 }
             }),
             qos,
@@ -844,7 +920,7 @@ fn connect_replica(
         ReplicaEndpoint {
             spec: spec.clone(),
             addr,
-            ctrl,
+            ctrl: Arc::new(ctrl),
             identity,
             classes,
             class_path,

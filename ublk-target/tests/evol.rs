@@ -18,11 +18,13 @@ use cluster_store::evol::{
 use cluster_store::records::SCHEMA;
 use cluster_store::testing::EtcdCluster;
 use cluster_store::watch::{ExtentEvent, ExtentWatch};
-use cluster_store::{Store, StoreConfig};
+use cluster_store::{AttachMode, Store, StoreConfig, VolumeKeys, VolumeSpec};
 use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget, Fault, Trigger};
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
-use ublk_target::evol::{AllocatorThread, ExtentAllocator, ExtentMap};
+use ublk_target::evol::{
+    AllocatorThread, EtcdStaleStore, ExtentAllocator, ExtentMap, HealthThread, MemberIo, StaleStore,
+};
 use ublk_target::io::requests::{PartSink, Requests, Submission, TagBuf};
 use ublk_target::qos::{LimitKind, QosConfig, QueueQos, VolumeQos};
 use ublk_target::volume::Stats;
@@ -43,6 +45,8 @@ const BUF: usize = 256 * 1024;
 struct Net {
     links: Vec<(Arc<FakeTarget>, Queue<TagBuf>, FakeConnection)>,
     held: VecDeque<(usize, Request<TagBuf>)>,
+    /// A member whose path is down: its requests are held.
+    down: Option<usize>,
     now: Instant,
     sent: Vec<u64>,
 }
@@ -50,6 +54,10 @@ struct Net {
 impl PartSink for Net {
     fn send(&mut self, m: usize, _class: NvmeClass, req: Request<TagBuf>) {
         self.sent[m] += 1;
+        if self.down == Some(m) {
+            self.held.push_back((m, req));
+            return;
+        }
         if let Err(rej) = self.links[m].1.submit(self.now, req) {
             self.held.push_back((m, rej.request));
         }
@@ -76,7 +84,10 @@ fn exchange<B: AsRef<[u8]> + AsMut<[u8]>>(q: &mut Queue<B>, c: &mut FakeConnecti
     panic!("exchange did not settle");
 }
 
-fn connect(t: &Arc<FakeTarget>, now: Instant) -> (Queue<TagBuf>, FakeConnection) {
+fn connect<B: AsRef<[u8]> + AsMut<[u8]>>(
+    t: &Arc<FakeTarget>,
+    now: Instant,
+) -> (Queue<B>, FakeConnection) {
     let admin_cfg = QueueConfig::admin(HOST, [9; 16], &t.config().subnqn, 5000);
     let mut admin: Queue<Vec<u8>> = Queue::new(admin_cfg.clone(), now);
     let mut ac = t.connection();
@@ -84,7 +95,7 @@ fn connect(t: &Arc<FakeTarget>, now: Instant) -> (Queue<TagBuf>, FakeConnection)
     let mut io = QueueConfig::io(&admin_cfg, 1, admin.cntlid(), DEPTH * 4);
     io.max_transfer_bytes = 1 << 20;
     io.in_capsule_bytes = t.config().ioccsz * 16 - 64;
-    let mut q: Queue<TagBuf> = Queue::new(io, now);
+    let mut q: Queue<B> = Queue::new(io, now);
     let mut c = t.connection();
     exchange(&mut q, &mut c, now);
     assert!(matches!(q.poll_event(), Some(Event::Connected { .. })));
@@ -142,6 +153,7 @@ impl Rig {
             net: Net {
                 links,
                 held: VecDeque::new(),
+                down: None,
                 now,
                 sent: vec![0; MEMBERS],
             },
@@ -465,7 +477,7 @@ fn a_failing_allocator_fails_the_write_and_the_wait_is_bounded() {
 }
 
 #[test]
-fn a_copy_that_fails_a_write_fails_it_and_serves_no_more_reads() {
+fn without_a_stale_recorder_a_copy_that_fails_a_write_fails_it_and_serves_no_more_reads() {
     // Member 1 answers its first I/O with an error.
     let faults = [
         None,
@@ -477,7 +489,10 @@ fn a_copy_that_fails_a_write_fails_it_and_serves_no_more_reads() {
     r.map(0, &[(1, 0), (2, 0)]);
     let d = pattern(8192, 9);
     r.write(0, 0, &d);
-    assert!(!r.wait(0), "a write one copy missed is not acknowledged");
+    assert!(
+        !r.wait(0),
+        "a write one copy missed is not acknowledged until etcd records the copy stale"
+    );
     assert_eq!(r.map.stale_copies(), 1);
     assert_eq!(r.raw(2, 0, 0, 8192), d, "the other copy got it");
     // Reads go to the copy that holds it, not to the preferred stale one.
@@ -619,4 +634,310 @@ fn allocations_go_through_etcd_and_the_watch_brings_others_mappings() {
     assert_eq!(rec.copies[0].pext, pext);
     assert_eq!(r.raw(member, pext, 0, 8192), d2);
     watch.stop();
+}
+
+/// The repair's I/O to the fake targets (real NVMe/TCP commands over an
+/// in-memory connection of its own); a member is reachable when the test
+/// says so.
+struct FakeIo {
+    links: Vec<Mutex<(Queue<Vec<u8>>, FakeConnection)>>,
+    up: Vec<std::sync::atomic::AtomicBool>,
+}
+
+impl FakeIo {
+    fn new(r: &Rig) -> Arc<Self> {
+        let now = Instant::now();
+        Arc::new(Self {
+            links: r
+                .net
+                .links
+                .iter()
+                .map(|(t, _, _)| Mutex::new(connect(t, now)))
+                .collect(),
+            up: (0..MEMBERS)
+                .map(|_| std::sync::atomic::AtomicBool::new(true))
+                .collect(),
+        })
+    }
+
+    fn io(&self, m: usize, command: Command, buf: Vec<u8>) -> Result<Vec<u8>, String> {
+        let mut g = self.links[m].lock().unwrap();
+        let (q, c) = &mut *g;
+        let now = Instant::now();
+        q.submit(
+            now,
+            Request {
+                command,
+                buf: Some(buf),
+                user_data: 1,
+            },
+        )
+        .map_err(|_| "refused".to_string())?;
+        exchange(q, c, now);
+        while let Some(e) = q.poll_event() {
+            if let Event::Completed(done) = e {
+                if !done.status.is_success() {
+                    return Err(format!("status {:?}", done.status));
+                }
+                return Ok(done.buf.unwrap_or_default());
+            }
+        }
+        Err("no completion".into())
+    }
+}
+
+impl MemberIo for FakeIo {
+    fn reachable(&self, m: usize) -> bool {
+        self.up[m].load(Ordering::SeqCst)
+    }
+
+    fn max_io(&self, _m: usize) -> usize {
+        32 * 1024
+    }
+
+    fn read(&self, m: usize, at: u64, buf: &mut [u8]) -> Result<(), String> {
+        let cmd = Command::Read {
+            nsid: 1,
+            slba: at / u64::from(BS),
+            block_size: BS,
+        };
+        let d = self.io(m, cmd, vec![0; buf.len()])?;
+        buf.copy_from_slice(&d);
+        Ok(())
+    }
+
+    fn write(&self, m: usize, at: u64, data: &[u8]) -> Result<(), String> {
+        let cmd = Command::Write {
+            nsid: 1,
+            slba: at / u64::from(BS),
+            block_size: BS,
+            fua: false,
+        };
+        self.io(m, cmd, data.to_vec()).map(|_| ())
+    }
+}
+
+/// The eVol "ev" attached in etcd as cluster mode does (its owner's
+/// epoch guards the stale marks): (volume keys, epoch).
+fn attach(s: &Store, prefix: &str, mode: AttachMode) -> (VolumeKeys, u64) {
+    let vkeys = VolumeKeys::new(prefix, "ev");
+    let lease = s.grant_lease(Duration::from_secs(60)).unwrap();
+    let spec = VolumeSpec::new(vec!["evol ev".into()]);
+    let a = s
+        .attach(&vkeys, "ev", &spec, HOST, lease, mode)
+        .expect("attach");
+    (vkeys, a.epoch)
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_copy_that_fails_a_write_is_recorded_stale_in_etcd_then_repaired() {
+    let c = EtcdCluster::start(1);
+    let s = c.store(Duration::from_secs(3)).unwrap();
+    let keys = EvolKeys::new("/evol-stale");
+    let (vkeys, epoch) = attach(&s, "/evol-stale", AttachMode::Attach);
+    // Member 1 answers its first I/O with an error, then recovers.
+    let faults = [
+        None,
+        Some((Fault::ErrorStatus, Trigger::NthIo(0))),
+        None,
+        None,
+    ];
+    let mut r = Rig::new(&faults, Duration::from_secs(30));
+    r.map(0, &[(1, 0), (2, 3)]);
+    let io = FakeIo::new(&r);
+    // The member is down for the repair until the test says otherwise.
+    io.up[1].store(false, Ordering::SeqCst);
+    let store: Arc<dyn StaleStore> = Arc::new(EtcdStaleStore::new(
+        c.store(Duration::from_secs(3)).unwrap(),
+        vkeys,
+        keys.clone(),
+        "ev",
+        epoch,
+    ));
+    let _health = HealthThread::start(
+        Arc::clone(&r.map),
+        store,
+        Some(io.clone() as Arc<dyn MemberIo>),
+        0,
+    )
+    .unwrap();
+    let d = pattern(8192, 9);
+    r.write(0, 4096, &d);
+    assert!(r.wait(0), "acknowledged with the other copy's success");
+    assert_eq!(r.raw(2, 3, 4096, 8192), d);
+    assert_ne!(r.raw(1, 0, 4096, 8192), d, "the failing copy missed it");
+    // The mark is in etcd (it was before the acknowledgement).
+    let marks = s.read_stale(&keys, "ev").unwrap();
+    assert_eq!(marks.len(), 1);
+    assert_eq!(marks[0].index, 0);
+    assert_eq!(
+        marks[0].copies,
+        [Placement {
+            namespace: ns(1),
+            pext: 0
+        }]
+    );
+    // Reads come from the good copy.
+    let before = r.net.sent.clone();
+    r.read(1, 4096, 8192);
+    assert!(r.wait(1));
+    assert_eq!(&r.bufs[1][..8192], &d[..]);
+    assert_eq!(r.net.sent[1], before[1], "no read from the stale copy");
+    // More writes while it is stale: they go on (the stale copy takes
+    // them too, the repair redoes what they overlap).
+    let d2 = pattern(4096, 11);
+    r.write(2, EXT - 4096, &d2);
+    assert!(r.wait(2));
+    // The member is back: the repair copies the extent and clears the mark.
+    io.up[1].store(true, Ordering::SeqCst);
+    wait_for("the copy repaired", || r.map.stale_copies() == 0);
+    assert_eq!(
+        r.raw(1, 0, 0, EXT as usize),
+        r.raw(2, 3, 0, EXT as usize),
+        "both copies byte-identical"
+    );
+    assert!(
+        s.read_stale(&keys, "ev").unwrap().is_empty(),
+        "mark deleted"
+    );
+    assert_eq!(r.map.repaired(), 1);
+    // Reads may use the repaired copy again.
+    let x = r.map.get(0).unwrap();
+    assert_eq!(r.map.readable(0, &x).bits(), 0b110);
+}
+
+#[test]
+fn a_new_owner_loads_the_stale_marks_and_a_deposed_one_cannot_write_them() {
+    let c = EtcdCluster::start(1);
+    let s = c.store(Duration::from_secs(3)).unwrap();
+    let keys = EvolKeys::new("/evol-owner");
+    let (vkeys, epoch) = attach(&s, "/evol-owner", AttachMode::Attach);
+    let faults = [
+        None,
+        Some((Fault::ErrorStatus, Trigger::NthIo(0))),
+        None,
+        None,
+    ];
+    let mut r = Rig::new(&faults, Duration::from_secs(30));
+    r.map(0, &[(1, 0), (2, 0)]);
+    let old = Arc::new(EtcdStaleStore::new(
+        c.store(Duration::from_secs(3)).unwrap(),
+        vkeys.clone(),
+        keys.clone(),
+        "ev",
+        epoch,
+    ));
+    // No repair (no member I/O): the mark stays.
+    let health = HealthThread::start(
+        Arc::clone(&r.map),
+        Arc::clone(&old) as Arc<dyn StaleStore>,
+        None,
+        0,
+    )
+    .unwrap();
+    r.write(0, 0, &pattern(4096, 3));
+    assert!(r.wait(0));
+    assert_eq!(s.read_stale(&keys, "ev").unwrap().len(), 1);
+    // Another host takes the volume over (a new epoch).
+    let (_, epoch2) = attach(&s, "/evol-owner", AttachMode::Takeover);
+    assert!(epoch2 > epoch);
+    // The deposed owner can neither clear nor add a mark...
+    let e = old.put(0, &[]).unwrap_err();
+    assert!(e.contains("no longer owned"), "{e}");
+    assert_eq!(s.read_stale(&keys, "ev").unwrap().len(), 1);
+    // ...so a write that misses a copy there is not acknowledged.
+    let faults3 = [
+        None,
+        None,
+        Some((Fault::ErrorStatus, Trigger::NthIo(0))),
+        None,
+    ];
+    let mut r3 = Rig::new(&faults3, Duration::from_secs(30));
+    r3.map(5, &[(3, 1), (2, 1)]);
+    let _h3 = HealthThread::start(
+        Arc::clone(&r3.map),
+        Arc::clone(&old) as Arc<dyn StaleStore>,
+        None,
+        0,
+    )
+    .unwrap();
+    r3.write(0, 5 * EXT, &pattern(4096, 4));
+    assert!(!r3.wait(0), "a deposed owner's missed write fails");
+    drop(health);
+    // The new owner loads the marks and never reads the stale copy.
+    let mut r2 = Rig::new(&NONE, Duration::from_secs(30));
+    r2.map(0, &[(1, 0), (2, 0)]);
+    r2.map.load_stale(&s.read_stale(&keys, "ev").unwrap());
+    assert_eq!(r2.map.stale_copies(), 1);
+    for tag in 0..4 {
+        r2.read(tag, u64::from(tag) * 4096, 4096);
+        assert!(r2.wait(tag));
+    }
+    assert_eq!(r2.net.sent[1], 0, "no read from the stale copy");
+    assert_eq!(r2.net.sent[2], 4);
+}
+
+#[test]
+fn a_write_no_copy_takes_fails() {
+    let c = EtcdCluster::start(1);
+    let s = c.store(Duration::from_secs(3)).unwrap();
+    let keys = EvolKeys::new("/evol-none");
+    let (vkeys, epoch) = attach(&s, "/evol-none", AttachMode::Attach);
+    let err = Some((Fault::ErrorStatus, Trigger::NthIo(0)));
+    let mut r = Rig::new(&[None, err, err, None], Duration::from_secs(30));
+    r.map(0, &[(1, 0), (2, 0)]);
+    let store = Arc::new(EtcdStaleStore::new(
+        c.store(Duration::from_secs(3)).unwrap(),
+        vkeys,
+        keys,
+        "ev",
+        epoch,
+    ));
+    let _health = HealthThread::start(Arc::clone(&r.map), store, None, 0).unwrap();
+    r.write(0, 0, &pattern(4096, 5));
+    assert!(!r.wait(0), "no copy holds it: not acknowledged");
+}
+
+#[test]
+fn writes_held_for_a_member_whose_path_is_down_complete_on_the_other_copy() {
+    let c = EtcdCluster::start(1);
+    let s = c.store(Duration::from_secs(3)).unwrap();
+    let keys = EvolKeys::new("/evol-down");
+    let (vkeys, epoch) = attach(&s, "/evol-down", AttachMode::Attach);
+    let mut r = Rig::new(&NONE, Duration::from_secs(30));
+    r.map(0, &[(1, 0), (2, 0)]);
+    r.map(1, &[(1, 1)]);
+    let store = Arc::new(EtcdStaleStore::new(
+        c.store(Duration::from_secs(3)).unwrap(),
+        vkeys,
+        keys.clone(),
+        "ev",
+        epoch,
+    ));
+    let _health = HealthThread::start(Arc::clone(&r.map), store, None, 0).unwrap();
+    // Member 1's path is down: what is sent to it is held.
+    r.net.down = Some(1);
+    let d = pattern(4096, 6);
+    r.write(0, 0, &d);
+    // Extent 1 has its only copy there: that write waits for the path.
+    r.write(1, EXT, &pattern(4096, 7));
+    r.pump();
+    assert_eq!(r.net.held.len(), 2);
+    // The engine's tick drops what another copy can take.
+    let mut held: VecDeque<Request<TagBuf>> = r.net.held.drain(..).map(|(_, q)| q).collect();
+    let now = r.req.now(Instant::now());
+    r.req.drop_held_if_out(now, 1, &mut held, &mut r.net);
+    assert_eq!(held.len(), 1, "the only copy's write stays held");
+    assert!(r.wait(0), "completed on the other copy");
+    assert_eq!(r.raw(2, 0, 0, 4096), d);
+    assert_eq!(s.read_stale(&keys, "ev").unwrap().len(), 1);
+    assert!(r.req.take_result(1).is_none());
 }

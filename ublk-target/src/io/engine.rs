@@ -561,6 +561,11 @@ impl Engine {
                         self.requests.path_failed(r);
                     }
                     self.drop_if_out(p);
+                } else if vol.evol.is_some() {
+                    // eVol: a member without a connection holds nothing
+                    // another copy can take (writes complete once the
+                    // copy is recorded stale in etcd; see `crate::evol`).
+                    self.drop_if_out(p);
                 }
                 if let Err(e) = ctrl.disposition() {
                     let held = std::mem::take(&mut self.paths[p].held);

@@ -200,6 +200,18 @@ struct EvolState {
     parked: Vec<Parked>,
     /// The map's version at the last look at `parked`.
     seen_version: u64,
+    /// Write parts whose copy missed the write, waiting for its durable
+    /// stale mark.
+    missed: Vec<MissedWait>,
+}
+
+/// A write part whose copy missed it, held until etcd records the copy
+/// stale (see [`crate::evol`]).
+struct MissedWait {
+    part: PartId,
+    index: u64,
+    member: usize,
+    since: Instant,
 }
 
 /// One mapped piece of an eVol request.
@@ -353,6 +365,7 @@ impl Requests {
             specs: Vec::with_capacity(MAX_PIECES),
             parked: Vec::new(),
             seen_version: 0,
+            missed: Vec::new(),
         });
     }
 
@@ -621,6 +634,7 @@ impl Requests {
     /// allocation failed, or that waited longer than the bound, fail
     /// (never acknowledged: nothing is lost).
     pub fn evol_tick(&mut self, now: Nanos, sink: &mut impl PartSink) {
+        self.evol_missed_tick(sink);
         let Some(ev) = self.evol.as_mut() else {
             return;
         };
@@ -685,6 +699,107 @@ impl Requests {
             ev.parked.extend(keep);
         }
         self.pump(now, sink);
+    }
+
+    /// Release the write parts whose copy's stale mark etcd now records;
+    /// fail those whose record failed or took longer than the bound
+    /// (`health_wait` in cluster mode, else `alloc_wait`): not
+    /// acknowledged, nothing is lost.
+    fn evol_missed_tick(&mut self, sink: &mut impl PartSink) {
+        let limit = match (&self.cluster, &self.evol) {
+            (Some(c), _) => c.health_wait(),
+            (None, Some(ev)) => ev.wait,
+            (None, None) => return,
+        };
+        let Some(ev) = self.evol.as_mut() else {
+            return;
+        };
+        if ev.missed.is_empty() {
+            return;
+        }
+        let map = Arc::clone(&ev.map);
+        let waits = std::mem::take(&mut ev.missed);
+        let mut keep = Vec::new();
+        let mut done = Vec::new();
+        for w in waits {
+            match map.stale_state(w.index, w.member) {
+                evol::StaleState::Durable => done.push((w.part, true)),
+                evol::StaleState::Failed(why) => {
+                    log::error!(
+                        "{}: extent {}: recording a copy stale failed: {why}; failing the write",
+                        self.name,
+                        w.index
+                    );
+                    done.push((w.part, false));
+                }
+                evol::StaleState::Pending if w.since.elapsed() > limit => {
+                    log::error!(
+                        "{}: extent {}: etcd did not record a copy stale within {} s; failing the write",
+                        self.name,
+                        w.index,
+                        limit.as_secs_f64()
+                    );
+                    done.push((w.part, false));
+                }
+                evol::StaleState::Pending => keep.push(w),
+            }
+        }
+        if let Some(ev) = self.evol.as_mut() {
+            ev.missed.extend(keep);
+        }
+        if done.is_empty() {
+            return;
+        }
+        for (part, ok) in done {
+            self.fan.recorded(part, ok);
+        }
+        self.run(sink);
+    }
+
+    /// eVol: member `member`'s path is down and holds `held`: the parts
+    /// another copy can take end here (writes recorded as missed, reads
+    /// moved to another copy, flushes not needed there any more); the
+    /// others (the piece's only in-sync copy) wait for the next
+    /// connection.
+    fn evol_drop_held(
+        &mut self,
+        member: usize,
+        held: &mut VecDeque<Request<TagBuf>>,
+        sink: &mut impl PartSink,
+    ) {
+        let Some(ev) = self.evol.as_ref() else {
+            return;
+        };
+        let mut drop_now = Vec::new();
+        let mut kept = VecDeque::new();
+        for req in std::mem::take(held) {
+            let Some(part) = PartId::from_user_data(req.user_data) else {
+                kept.push_back(req);
+                continue;
+            };
+            let t = usize::from(part.tag);
+            let readable = match ev.pieces[t].get(usize::from(part.piece)) {
+                Some(e) if !matches!(req.command, Command::Flush { .. }) => {
+                    ev.map.readable(e.piece.index, &e.copies)
+                }
+                // A flush: not needed on a member that is down.
+                _ => ReplicaSet::EMPTY,
+            };
+            let flush = matches!(req.command, Command::Flush { .. });
+            if flush || !readable.without(member).is_empty() {
+                drop_now.push((part, readable));
+            } else {
+                kept.push_back(req);
+            }
+        }
+        *held = kept;
+        if drop_now.is_empty() {
+            return;
+        }
+        for (part, readable) in drop_now {
+            self.fan.dropped(part, readable);
+        }
+        self.run(sink);
     }
 
     /// Where requests may go now.
@@ -753,6 +868,10 @@ impl Requests {
                 });
             }
             for e in &ev.pieces[t] {
+                if op == Op::Write {
+                    // The repair redoes a chunk a write overlapped.
+                    ev.map.write_started(e.piece.index);
+                }
                 let range = e.piece.index * ev.map.extent_bytes() + e.piece.offset
                     ..e.piece.index * ev.map.extent_bytes() + e.piece.offset + e.piece.len;
                 let copies = if op == Op::Read {
@@ -842,19 +961,32 @@ impl Requests {
                     }
                 }
                 Action::WriteMissed { part, .. } if self.evol.is_some() => {
-                    // One copy failed a write another copy took: that copy
-                    // may be behind now, and nothing repairs an extent's
-                    // copy yet: never read from it again, and fail the
-                    // write rather than acknowledge what one copy may not
-                    // hold (see `crate::evol`).
-                    if let Some(ev) = &self.evol {
-                        if let Some(e) =
-                            ev.pieces[usize::from(part.tag)].get(usize::from(part.piece))
-                        {
-                            ev.map.mark_stale(e.piece.index, usize::from(part.copy));
+                    // One copy missed a write (error status, or its path
+                    // is down) another copy may hold: no more reads from
+                    // it, and the write is acknowledged only once etcd
+                    // records it stale (see `crate::evol`).
+                    let Some(ev) = self.evol.as_mut() else {
+                        continue;
+                    };
+                    let Some(e) = ev.pieces[usize::from(part.tag)].get(usize::from(part.piece))
+                    else {
+                        self.fan.recorded(part, false);
+                        continue;
+                    };
+                    let (index, member) = (e.piece.index, usize::from(part.copy));
+                    match ev.map.mark_stale(index, member) {
+                        evol::StaleState::Durable => self.fan.recorded(part, true),
+                        evol::StaleState::Failed(why) => {
+                            log::error!("{}: {why}; failing the write", self.name);
+                            self.fan.recorded(part, false);
                         }
+                        evol::StaleState::Pending => ev.missed.push(MissedWait {
+                            part,
+                            index,
+                            member,
+                            since: Instant::now(),
+                        }),
                     }
-                    self.fan.recorded(part, false);
                 }
                 Action::WriteMissed {
                     part,
@@ -882,6 +1014,13 @@ impl Requests {
                     }
                 }
                 Action::Complete { tag, ok } => {
+                    if let Some(ev) = &self.evol {
+                        if self.tags[usize::from(tag)].write.is_some() {
+                            for e in &ev.pieces[usize::from(tag)] {
+                                ev.map.write_ended(e.piece.index);
+                            }
+                        }
+                    }
                     if self.evol.is_some() {
                         // The request's one QoS charge: a latency sample
                         // on success, given back otherwise.
@@ -1154,8 +1293,9 @@ impl Requests {
         }
     }
 
-    /// Replica `replica`'s path is down and holds `held`: if the replica is
-    /// out of sync, its parts end here (writes recorded as missed, reads
+    /// Replica `replica`'s path is down and holds `held`: on an eVol, the
+    /// parts another copy can take end here (see `evol_drop_held`);
+    /// else, if the replica is out of sync, its parts end here (writes recorded as missed, reads
     /// moved to another replica) and `held` is emptied; else they wait
     /// for the next connection.
     pub fn drop_held_if_out(
@@ -1165,6 +1305,11 @@ impl Requests {
         held: &mut VecDeque<Request<TagBuf>>,
         sink: &mut impl PartSink,
     ) {
+        if self.evol.is_some() && !held.is_empty() {
+            self.evol_drop_held(replica, held, sink);
+            self.pump_if_queued(now, sink);
+            return;
+        }
         if held.is_empty() || !self.is_out(replica) {
             return;
         }
