@@ -612,6 +612,20 @@ impl Store {
         Ok(self.txn(txn)?.succeeded())
     }
 
+    /// The record in physical extent `copy`'s `pext` key (None: free).
+    pub fn pext_record(
+        &self,
+        keys: &EvolKeys,
+        copy: &Placement,
+    ) -> Result<Option<PextRecord>, StoreError> {
+        let k = keys.pext(&copy.namespace, copy.pext);
+        let resp = self.get(&k, None)?;
+        resp.kvs()
+            .first()
+            .map(|kv| decode(kv.value()).map_err(|e| bad(&k, e)))
+            .transpose()
+    }
+
     /// Physical extent `copy` was overwritten with zeros: deletes its
     /// zeroing record `rec` (as the leader, if the key still holds `rec`),
     /// which frees it for mappings.

@@ -239,6 +239,47 @@ async fn job(
     conn: Option<Zeroer>,
 ) {
     let started = Instant::now();
+    // The extent must still wait for zeroing in etcd: a catalog rebuilt
+    // from a pool read before this leader freed it would list it again,
+    // maybe after it was mapped anew (then zeroing would wipe live data).
+    // A zeroing record stays until this task deletes it, one job per
+    // namespace: checked here, it holds while the job zeroes.
+    let copy = Placement {
+        namespace: ns.id.clone(),
+        pext,
+    };
+    let c2 = copy.clone();
+    match shared.etcd(move |st, k| st.pext_record(k, &c2)).await {
+        Ok(Some(r)) if r == rec => {}
+        Ok(found) => {
+            let mut guard = shared.core.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = guard.as_mut().filter(|c| c.lead == lead) {
+                if found.is_none() {
+                    c.zeroed(&ns.id, pext);
+                } else {
+                    c.zeroing.remove(&(ns.id.clone(), pext));
+                }
+            }
+            drop(guard);
+            log::info!(
+                "namespace {} physical extent {pext}: no longer waits for zeroing in etcd ({}); skipped",
+                ns.id,
+                if found.is_none() { "free" } else { "in use" }
+            );
+            release(&shared, &ns.id, conn, Ok(()), pext);
+            return;
+        }
+        Err(e) => {
+            release(
+                &shared,
+                &ns.id,
+                conn,
+                Err(format!("etcd: {}", e.message())),
+                pext,
+            );
+            return;
+        }
+    }
     let nsr = ns.clone();
     let zeroed = tokio::task::spawn_blocking(move || {
         // A connection to a namespace since moved is opened again.
@@ -262,10 +303,6 @@ async fn job(
     let result = match result {
         Err(e) => Err(e),
         Ok(()) => {
-            let copy = Placement {
-                namespace: ns.id.clone(),
-                pext,
-            };
             let r = rec.clone();
             match shared
                 .etcd(move |st, k| st.finish_zeroing(k, lead, &copy, &r))
@@ -305,8 +342,14 @@ async fn job(
             }
         }
     };
+    release(&shared, &ns.id, conn, result, pext);
+}
+
+/// The job on `ns` ended with `result`: its slot is free again, with the
+/// connection kept, or a backoff after a failure.
+fn release(shared: &Shared, ns: &str, conn: Option<Zeroer>, result: Result<(), String>, pext: u64) {
     let mut slots = shared.zeroers.lock().unwrap_or_else(|p| p.into_inner());
-    let slot = slots.entry(ns.id.clone()).or_default();
+    let slot = slots.entry(ns.to_owned()).or_default();
     slot.busy = false;
     match result {
         Ok(()) => {
@@ -330,8 +373,7 @@ async fn job(
                 .zeroing_failures
                 .fetch_add(1, Ordering::Relaxed);
             log::warn!(
-                "namespace {} physical extent {pext}: zeroing failed ({e}); it stays out of reuse, retry in {backoff:.1?}",
-                ns.id
+                "namespace {ns} physical extent {pext}: zeroing failed ({e}); it stays out of reuse, retry in {backoff:.1?}"
             );
         }
     }
