@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `PREFIX/arbiter/leader` | [`LeaderRecord`] | by the arbiter that wins the election, bound to its lease |
 //! | `PREFIX/pool/NS` | [`NamespaceRecord`] | by the leader |
-//! | `PREFIX/pool/NS/pext/P` | [`PextRecord`] (who uses physical extent P of NS) | with the mapping that uses it |
+//! | `PREFIX/pool/NS/pext/P` | [`PextRecord`] (who uses physical extent P of NS, or that it waits for zeroing) | with the mapping that uses it; rewritten as *zeroing* by the unmap; deleted once zeroed |
 //! | `PREFIX/evols/NAME/spec` | [`EvolSpec`] | by the leader, once |
 //! | `PREFIX/evols/NAME/extents/L` | [`ExtentRecord`] (logical extent L's copies) | by the leader, created only if absent |
 //!
@@ -30,18 +30,26 @@
 //! 4. **The map is durable before the first write to the extent leaves the
 //!    client**: the client sends that write only after the transaction
 //!    returned (the arbiter answers the client only then).
+//! 5. **A freed physical extent is zeroed before reuse.** Unmapping
+//!    deletes the extent key and, in the same transaction, rewrites each
+//!    copy's `pext` key as a *zeroing* record ([`PextRecord::zeroing`])
+//!    instead of deleting it: rule 1's "absent" guard keeps the extent out
+//!    of every mapping, and an arbiter elected later reads it as waiting
+//!    for zeroing, not as free. Only [`Store::finish_zeroing`], after the
+//!    extent was overwritten with zeros, deletes the key.
 //!
 //! [`check`] verifies rules 1 and 2 from the records alone (the fsck of
 //! the issue's `check` command): every copy's `pext` key points back to
 //! its extent, no `pext` key is orphaned, every copy lies within its
-//! namespace's capacity, copies of one extent are on distinct namespaces.
+//! namespace's capacity, copies of one extent are on distinct namespaces,
+//! no mapping uses a physical extent that waits for zeroing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
 
-use crate::records::SCHEMA;
+use crate::records::{OwnerRecord, VolumeSpec, SCHEMA};
 use crate::store::{decode, encode, Store, StoreError};
 
 /// Default extent: 2 MiB (the paper's; large enough that a map of 1 PiB
@@ -179,15 +187,60 @@ pub struct ExtentRecord {
     pub copies: Vec<Placement>,
 }
 
-/// Who uses a physical extent (the back pointer [`check`] follows).
+/// Who uses a physical extent (the back pointer [`check`] follows), or,
+/// with `zeroing`, that it was freed and waits for zeroing (rule 5).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PextRecord {
     /// [`SCHEMA`].
     pub schema: u32,
-    /// The eVol.
+    /// The eVol (with `zeroing`: the one it was freed from).
     pub evol: String,
-    /// Its logical extent.
+    /// Its logical extent (with `zeroing`: the one it was freed from).
     pub index: u64,
+    /// Freed, not yet zeroed: neither in use nor free. Absent in records
+    /// of extents in use (and in those written before this field
+    /// existed), so their bytes, which the transactions compare, are
+    /// unchanged.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub zeroing: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+impl PextRecord {
+    /// The back pointer of a copy of `evol`'s extent `index`.
+    pub fn used_by(evol: &str, index: u64) -> Self {
+        PextRecord {
+            schema: SCHEMA,
+            evol: evol.to_owned(),
+            index,
+            zeroing: false,
+        }
+    }
+
+    /// The record of a physical extent freed from `evol`'s extent `index`.
+    pub fn freed_from(evol: &str, index: u64) -> Self {
+        PextRecord {
+            zeroing: true,
+            ..Self::used_by(evol, index)
+        }
+    }
+}
+
+/// What [`Store::finish_zeroing`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ZeroingOutcome {
+    /// The `pext` key is deleted: the physical extent is free.
+    Freed,
+    /// The key was absent already (an earlier attempt committed): free.
+    AlreadyFree,
+    /// The key holds another record: leave the extent alone and reread
+    /// the pool.
+    Changed,
+    /// The caller is not the leader any more.
+    NotLeader,
 }
 
 /// What [`Store::map_extent`] did.
@@ -218,6 +271,15 @@ pub enum Finding {
         copy: Placement,
         /// What the `pext` key says (None: absent).
         found: Option<(String, u64)>,
+    },
+    /// A physical extent that waits for zeroing, yet a mapping uses it
+    /// (its `pext` key says zeroing): the client may read another
+    /// volume's old data, and the zeroing would wipe this one's.
+    MappedWhileZeroing {
+        /// The physical extent.
+        copy: Placement,
+        /// The extents that use it.
+        users: Vec<(String, u64)>,
     },
     /// A physical extent used by two copies.
     MappedTwice {
@@ -254,8 +316,13 @@ pub enum Finding {
 pub struct PoolView {
     /// The namespaces by id.
     pub namespaces: BTreeMap<String, NamespaceRecord>,
-    /// The `pext` keys: (namespace, pext) -> (evol, index).
+    /// The `pext` keys of extents in use: (namespace, pext) -> (evol,
+    /// index).
     pub pexts: BTreeMap<(String, u64), (String, u64)>,
+    /// The `pext` keys of freed extents waiting for zeroing: (namespace,
+    /// pext) -> the record, as stored ([`Store::finish_zeroing`] compares
+    /// it).
+    pub zeroing: BTreeMap<(String, u64), PextRecord>,
     /// The eVols by name.
     pub evols: BTreeMap<String, EvolSpec>,
     /// Every extent mapping.
@@ -292,7 +359,12 @@ pub fn check(view: &PoolView) -> Vec<Finding> {
                     copy: c.clone(),
                 });
             }
-            let found = view.pexts.get(&(c.namespace.clone(), c.pext)).cloned();
+            let at = (c.namespace.clone(), c.pext);
+            if view.zeroing.contains_key(&at) {
+                // Reported once per physical extent below.
+                continue;
+            }
+            let found = view.pexts.get(&at).cloned();
             if found.as_ref() != Some(&(e.evol.clone(), e.index)) {
                 out.push(Finding::BrokenBackPointer {
                     evol: e.evol.clone(),
@@ -304,7 +376,15 @@ pub fn check(view: &PoolView) -> Vec<Finding> {
         }
     }
     for (copy, u) in &users {
-        if u.len() > 1 {
+        if view
+            .zeroing
+            .contains_key(&(copy.namespace.clone(), copy.pext))
+        {
+            out.push(Finding::MappedWhileZeroing {
+                copy: copy.clone(),
+                users: u.clone(),
+            });
+        } else if u.len() > 1 {
             out.push(Finding::MappedTwice {
                 copy: copy.clone(),
                 users: u.clone(),
@@ -453,11 +533,7 @@ impl Store {
             index,
             copies: copies.to_vec(),
         };
-        let back = PextRecord {
-            schema: SCHEMA,
-            evol: evol.to_owned(),
-            index,
-        };
+        let back = PextRecord::used_by(evol, index);
         let mut when = vec![
             leader_guard(keys, lead),
             Compare::create_revision(ekey.clone(), CompareOp::Equal, 0),
@@ -503,12 +579,14 @@ impl Store {
         })
     }
 
-    /// Unmaps logical extent `index` of `evol` and frees its physical
-    /// extents (a discard of the whole extent), as the leader; whether it
-    /// was mapped so. The caller must keep a freed physical extent out of
-    /// reuse until no client can still write to it under the old map
-    /// (flint-core's allocator zeroes it first; clients' map epochs are
-    /// not built yet).
+    /// Unmaps logical extent `index` of `evol` (a discard of the whole
+    /// extent), as the leader; whether it was mapped so. Its physical
+    /// extents are not freed: their `pext` keys become zeroing records
+    /// ([`PextRecord::freed_from`]) in the same transaction (rule 5), and
+    /// [`Store::finish_zeroing`] frees each once it reads as zeros. The
+    /// caller must also make sure no client still writes to the extent
+    /// under the old map (the arbiter refuses to delete an eVol a host
+    /// owns; clients' map epochs are not built yet).
     pub fn unmap_extent(
         &self,
         keys: &EvolKeys,
@@ -516,11 +594,8 @@ impl Store {
         rec: &ExtentRecord,
     ) -> Result<bool, StoreError> {
         let ekey = keys.extent(&rec.evol, rec.index);
-        let back = encode(&PextRecord {
-            schema: SCHEMA,
-            evol: rec.evol.clone(),
-            index: rec.index,
-        });
+        let back = encode(&PextRecord::used_by(&rec.evol, rec.index));
+        let freed = encode(&PextRecord::freed_from(&rec.evol, rec.index));
         let mut when = vec![
             leader_guard(keys, lead),
             Compare::value(ekey.clone(), CompareOp::Equal, encode(rec)),
@@ -531,10 +606,103 @@ impl Store {
             // extent another mapping uses.
             let k = keys.pext(&c.namespace, c.pext);
             when.push(Compare::value(k.clone(), CompareOp::Equal, back.clone()));
-            ops.push(TxnOp::delete(k, None));
+            ops.push(TxnOp::put(k, freed.clone(), None));
         }
         let txn = Txn::new().when(when).and_then(ops);
         Ok(self.txn(txn)?.succeeded())
+    }
+
+    /// The record in physical extent `copy`'s `pext` key (None: free).
+    pub fn pext_record(
+        &self,
+        keys: &EvolKeys,
+        copy: &Placement,
+    ) -> Result<Option<PextRecord>, StoreError> {
+        let k = keys.pext(&copy.namespace, copy.pext);
+        let resp = self.get(&k, None)?;
+        resp.kvs()
+            .first()
+            .map(|kv| decode(kv.value()).map_err(|e| bad(&k, e)))
+            .transpose()
+    }
+
+    /// Physical extent `copy` was overwritten with zeros: deletes its
+    /// zeroing record `rec` (as the leader, if the key still holds `rec`),
+    /// which frees it for mappings.
+    pub fn finish_zeroing(
+        &self,
+        keys: &EvolKeys,
+        lead: Leadership,
+        copy: &Placement,
+        rec: &PextRecord,
+    ) -> Result<ZeroingOutcome, StoreError> {
+        let k = keys.pext(&copy.namespace, copy.pext);
+        let txn = Txn::new()
+            .when([
+                leader_guard(keys, lead),
+                Compare::value(k.clone(), CompareOp::Equal, encode(rec)),
+            ])
+            .and_then([TxnOp::delete(k.clone(), None)])
+            .or_else([TxnOp::get(keys.leader(), None), TxnOp::get(k, None)]);
+        let resp = self.txn(txn)?;
+        if resp.succeeded() {
+            return Ok(ZeroingOutcome::Freed);
+        }
+        let r = resp.op_responses();
+        if !leader_is(&r, lead) {
+            return Ok(ZeroingOutcome::NotLeader);
+        }
+        Ok(if got_any(&r, 1) {
+            ZeroingOutcome::Changed
+        } else {
+            ZeroingOutcome::AlreadyFree
+        })
+    }
+
+    /// The owners of eVol `evol` (a client host serving it, as cluster
+    /// mode records them): (volume name, owner) for every volume under
+    /// `PREFIX/volumes/` whose spec names the eVol (`evol NAME`, what
+    /// ublk-nvmf writes for an eVol, whatever the device's name) and whose
+    /// owner key exists (its lease alive), plus the owner of a volume
+    /// named `evol` without a spec.
+    pub fn evol_owners(
+        &self,
+        keys: &EvolKeys,
+        evol: &str,
+    ) -> Result<Vec<(String, OwnerRecord)>, StoreError> {
+        let prefix = format!("{}/volumes/", keys.prefix);
+        let resp = self.get(&prefix, Some(GetOptions::new().with_prefix()))?;
+        let mut specs: BTreeMap<String, VolumeSpec> = BTreeMap::new();
+        let mut owners: BTreeMap<String, OwnerRecord> = BTreeMap::new();
+        for kv in resp.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some((name, what)) = key.strip_prefix(&prefix).and_then(|r| r.split_once('/'))
+            else {
+                continue;
+            };
+            match what {
+                "spec" => {
+                    if let Ok(s) = decode(kv.value()) {
+                        specs.insert(name.to_owned(), s);
+                    }
+                }
+                "owner" => {
+                    owners.insert(
+                        name.to_owned(),
+                        decode(kv.value()).map_err(|e| bad(&key, e))?,
+                    );
+                }
+                _ => {}
+            }
+        }
+        let mine = VolumeSpec::new(vec![format!("evol {evol}")]);
+        Ok(owners
+            .into_iter()
+            .filter(|(name, _)| match specs.get(name) {
+                Some(s) => *s == mine,
+                None => name == evol,
+            })
+            .collect())
     }
 
     /// Replaces eVol `old`'s spec with `new` (as the leader), if the spec
@@ -598,7 +766,11 @@ impl Store {
                         let p = p
                             .parse()
                             .map_err(|_| bad(&key, "not an extent index".into()))?;
-                        v.pexts.insert((ns.to_owned(), p), (b.evol, b.index));
+                        if b.zeroing {
+                            v.zeroing.insert((ns.to_owned(), p), b);
+                        } else {
+                            v.pexts.insert((ns.to_owned(), p), (b.evol, b.index));
+                        }
                     }
                     None => {
                         let n: NamespaceRecord = decode(kv.value()).map_err(|e| bad(&key, e))?;

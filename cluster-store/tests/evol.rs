@@ -7,8 +7,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use cluster_store::evol::{
-    check, EvolKeys, EvolSpec, Finding, LeaderRecord, MapOutcome, NamespaceRecord, Placement,
-    DEFAULT_EXTENT_BYTES,
+    check, EvolKeys, EvolSpec, Finding, LeaderRecord, Leadership, MapOutcome, NamespaceRecord,
+    PextRecord, Placement, ZeroingOutcome, DEFAULT_EXTENT_BYTES,
 };
 use cluster_store::records::SCHEMA;
 use cluster_store::testing::EtcdCluster;
@@ -155,15 +155,52 @@ fn an_extent_is_mapped_once_and_a_physical_extent_never_twice() {
     assert_eq!(pool.pexts.len(), 2, "the losers took nothing");
     assert_eq!(s.read_extents(&keys, "v").unwrap(), won);
 
-    // A discard of the whole extent frees its physical extents.
+    // A discard of the whole extent leaves its physical extents waiting
+    // for zeroing (rule 5): in etcd, not free, not orphans.
     assert!(s.unmap_extent(&keys, l, &won[0]).unwrap());
     let pool = s.read_pool(&keys).unwrap();
     assert!(pool.extents.is_empty() && pool.pexts.is_empty());
+    assert_eq!(check(&pool), vec![], "zeroing is no finding: {pool:?}");
+    let freed = PextRecord::freed_from(&won[0].evol, won[0].index);
+    let zeroing: Vec<_> = pool.zeroing.iter().collect();
+    assert_eq!(zeroing.len(), 2, "{pool:?}");
+    assert!(zeroing.iter().all(|(_, r)| **r == freed));
+    let first = won[0].copies[0].clone();
+    assert_eq!(
+        s.map_extent(&keys, l, "w", 0, &[first.clone(), at("n2", 5)])
+            .unwrap(),
+        MapOutcome::PextTaken(first.clone()),
+        "never mapped before it is zeroed"
+    );
+    // Only the leader frees it, and only from the record it read.
+    let other = Leadership {
+        revision: l.revision + 1000,
+    };
+    assert_eq!(
+        s.finish_zeroing(&keys, other, &first, &freed).unwrap(),
+        ZeroingOutcome::NotLeader
+    );
+    assert_eq!(
+        s.finish_zeroing(&keys, l, &first, &PextRecord::freed_from("x", 0))
+            .unwrap(),
+        ZeroingOutcome::Changed
+    );
+    assert_eq!(
+        s.finish_zeroing(&keys, l, &first, &freed).unwrap(),
+        ZeroingOutcome::Freed
+    );
+    assert_eq!(
+        s.finish_zeroing(&keys, l, &first, &freed).unwrap(),
+        ZeroingOutcome::AlreadyFree
+    );
     assert!(matches!(
-        s.map_extent(&keys, l, "w", 0, &[won[0].copies[0].clone(), at("n2", 5)])
+        s.map_extent(&keys, l, "w", 0, &[first, at("n2", 5)])
             .unwrap(),
         MapOutcome::Mapped(_)
     ));
+    let pool = s.read_pool(&keys).unwrap();
+    assert_eq!(check(&pool), vec![], "{pool:?}");
+    assert_eq!((pool.pexts.len(), pool.zeroing.len()), (2, 1));
 }
 
 #[test]
@@ -255,7 +292,27 @@ fn check_finds_orphans_broken_back_pointers_and_out_of_range_copies() {
     );
     rt.block_on(raw.put(keys.extent("v", 1), far, None))
         .unwrap();
-    let found = check(&s.read_pool(&keys).unwrap());
+    // A physical extent waiting for zeroing that a mapping uses.
+    let zeroing = format!("{{\"schema\":{SCHEMA},\"evol\":\"old\",\"index\":4,\"zeroing\":true}}");
+    rt.block_on(raw.put(keys.pext("n0", 2), zeroing.clone(), None))
+        .unwrap();
+    let reuse = format!(
+        "{{\"schema\":{SCHEMA},\"evol\":\"v\",\"index\":2,\"copies\":[{{\"namespace\":\"n0\",\"pext\":2}}]}}"
+    );
+    rt.block_on(raw.put(keys.extent("v", 2), reuse, None))
+        .unwrap();
+    // And one nobody maps: no finding.
+    rt.block_on(raw.put(keys.pext("n1", 3), zeroing, None))
+        .unwrap();
+    let pool = s.read_pool(&keys).unwrap();
+    assert_eq!(pool.zeroing.len(), 2, "{pool:?}");
+    let found = check(&pool);
+    assert!(has_mapped_while_zeroing(&found, "n0", 2), "{found:?}");
+    assert!(
+        !found.iter().any(|f| matches!(f,
+            Finding::Orphan { copy } | Finding::BrokenBackPointer { copy, .. } if copy.pext == 2 || copy.namespace == "n1" && copy.pext == 3)),
+        "{found:?}"
+    );
     let has = |f: &dyn Fn(&Finding) -> bool| found.iter().any(f);
     assert!(
         has(&|f| matches!(f, Finding::Orphan { copy } if copy.pext == 3)),
@@ -279,4 +336,45 @@ fn check_finds_orphans_broken_back_pointers_and_out_of_range_copies() {
         has(&|f| matches!(f, Finding::MappedTwice { copy, .. } if *copy == rec.copies[0])),
         "{found:?}"
     );
+}
+
+fn has_mapped_while_zeroing(found: &[Finding], ns: &str, pext: u64) -> bool {
+    found.iter().any(|f| {
+        matches!(f, Finding::MappedWhileZeroing { copy, users }
+            if copy.namespace == ns && copy.pext == pext && users == &[("v".to_owned(), 2)])
+    })
+}
+
+#[test]
+fn evol_owners_are_the_hosts_whose_volume_spec_names_the_evol() {
+    let c = EtcdCluster::start(1);
+    let s = c.store(OP).unwrap();
+    let keys = EvolKeys::new("/eo");
+    assert!(s.evol_owners(&keys, "ev").unwrap().is_empty());
+    // A device named otherwise serving eVol "ev", as ublk-nvmf attaches it.
+    let attach = |device: &str, replicas: Vec<String>, host: &str| {
+        let vk = cluster_store::records::VolumeKeys::new("/eo", device);
+        let lease = s.grant_lease(Duration::from_secs(30)).unwrap();
+        s.attach(
+            &vk,
+            device,
+            &cluster_store::records::VolumeSpec::new(replicas),
+            host,
+            lease,
+            cluster_store::AttachMode::Attach,
+        )
+        .unwrap();
+    };
+    attach("dev0", vec!["evol ev".into()], "nqn.2026-01.io.test:h1");
+    // A replicated volume named like the eVol is not its owner.
+    attach(
+        "other",
+        vec!["127.0.0.1:4420 nqn.x nsid 1".into()],
+        "nqn.2026-01.io.test:h2",
+    );
+    let owners = s.evol_owners(&keys, "ev").unwrap();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(owners[0].0, "dev0");
+    assert_eq!(owners[0].1.host_nqn, "nqn.2026-01.io.test:h1");
+    assert!(s.evol_owners(&keys, "other").unwrap().is_empty());
 }

@@ -372,11 +372,15 @@ impl ArbiterClient {
     }
 
     /// Deletes an eVol: unmaps every extent, then the spec. The physical
-    /// extents freed.
-    pub fn delete_volume(&self, name: &str) -> Result<u64, ArbiterError> {
+    /// extents freed (zeroed by the arbiter before reuse). Refused
+    /// (`FAILED_PRECONDITION`, naming the host) while a client host serves
+    /// the eVol, unless `force`, which is dangerous: see
+    /// `DeleteVolumeRequest.force`.
+    pub fn delete_volume(&self, name: &str, force: bool) -> Result<u64, ArbiterError> {
         self.call(self.default_deadline(), |mut c| {
             let req = pb::DeleteVolumeRequest {
                 name: name.to_owned(),
+                force,
             };
             async move { c.delete_volume(req).await }
         })

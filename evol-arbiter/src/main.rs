@@ -131,12 +131,20 @@ enum VolumeCommand {
         #[arg(long, default_value_t = 1)]
         weight: u32,
     },
-    /// Delete an eVol: unmap its extents, then its spec.
+    /// Delete an eVol: unmap its extents, then its spec. Its physical
+    /// extents are zeroed before any other eVol gets them. Refused while a
+    /// client host serves the eVol (its owner key in etcd).
     Delete {
         #[command(flatten)]
         conn: Conn,
         /// The eVol.
         name: String,
+        /// Delete although a client host serves the eVol. DANGEROUS: that
+        /// host's writes may land in extents reused by other volumes, and
+        /// it may read their data. Only for a host known dead whose lease
+        /// has not expired yet.
+        #[arg(long)]
+        force: bool,
     },
     /// Grow an eVol (never shrinks).
     Grow {
@@ -298,9 +306,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let v = client(&conn)?.create_volume(&name, size(&s)?, copies, weight)?;
             print_volumes(&[v]);
         }
-        Command::Volume(VolumeCommand::Delete { conn, name }) => {
-            let freed = client(&conn)?.delete_volume(&name)?;
-            println!("eVol {name} deleted; {freed} physical extents freed");
+        Command::Volume(VolumeCommand::Delete { conn, name, force }) => {
+            let freed = client(&conn)?.delete_volume(&name, force)?;
+            println!("eVol {name} deleted; {freed} physical extents freed (zeroed before reuse)");
         }
         Command::Volume(VolumeCommand::Grow {
             conn,
@@ -319,7 +327,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{s:#?}");
             } else {
                 println!(
-                    "arbiter {}: {}; leader {} at {} (revision {})\n{} namespaces, {} eVols, {} extents mapped, {} free; view epoch {}, auction epoch {}",
+                    "arbiter {}: {}; leader {} at {} (revision {})\n{} namespaces, {} eVols, {} extents mapped, {} free, {} waiting for zeroing ({} zeroed, {} zeroing failures); view epoch {}, auction epoch {}",
                     s.id,
                     if s.leading { "leading" } else { "standby" },
                     s.leader_id,
@@ -329,6 +337,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     s.volumes,
                     s.mapped_extents,
                     s.free_extents,
+                    s.zeroing_extents,
+                    s.zeroed_extents,
+                    s.zeroing_failures,
                     s.view_epoch,
                     s.auction_epoch
                 );
@@ -342,11 +353,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let view = store.read_pool(&EvolKeys::new(&prefix))?;
             let findings = check(&view);
             println!(
-                "{} namespaces, {} eVols, {} extents mapped, {} physical extents used (revision {})",
+                "{} namespaces, {} eVols, {} extents mapped, {} physical extents used, {} waiting for zeroing (revision {})",
                 view.namespaces.len(),
                 view.evols.len(),
                 view.extents.len(),
                 view.pexts.len(),
+                view.zeroing.len(),
                 view.revision
             );
             for f in &findings {

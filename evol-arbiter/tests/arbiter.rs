@@ -383,7 +383,7 @@ fn standby_refuses_naming_the_leader_and_budgets_are_enforced() {
     let g = c.grow_volume("v", 600 * (2 << 20)).unwrap();
     assert_eq!(g.size_bytes, 600 * (2 << 20));
     c.allocate("v", 599, Instant::now() + LONG).unwrap();
-    assert_eq!(c.delete_volume("v").unwrap(), 4);
+    assert_eq!(c.delete_volume("v", false).unwrap(), 4);
     let view = assert_sound(&etcd, prefix);
     assert!(view.extents.is_empty() && view.evols.is_empty() && view.pexts.is_empty());
     // `check` reads etcd alone.

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use cluster_store::evol::{
-    EvolSpec, ExtentRecord, Leadership, NamespaceRecord, Placement, PoolView,
+    EvolSpec, ExtentRecord, Leadership, NamespaceRecord, PextRecord, Placement, PoolView,
 };
 use cluster_store::records::SCHEMA;
 use flint_core::auction::{Auction, Grant, SliceRequest};
@@ -63,9 +63,11 @@ pub(crate) struct Core {
     vol_ids: BTreeMap<String, VolumeId>,
     pub deleting: BTreeSet<String>,
     pub tentative: BTreeMap<(VolumeId, u64), Tentative>,
-    /// Physical extents this leadership unmapped and nobody zeroed yet:
-    /// kept out of reuse, across catalog rebuilds too.
-    pub zeroing: BTreeSet<FlintPlacement>,
+    /// Physical extents waiting for zeroing, (namespace, pext) -> their
+    /// zeroing record in etcd: read at election, added by unmaps, removed
+    /// by the zeroing task once zeroed and freed in etcd. Zeroing in the
+    /// catalog (out of reuse), across rebuilds too.
+    pub zeroing: BTreeMap<(String, u64), PextRecord>,
     sessions: BTreeMap<(String, String, PortId), SessionId>,
     pub session_names: BTreeMap<SessionId, String>,
     pub view: ViewController,
@@ -121,7 +123,7 @@ impl Core {
             vol_ids: BTreeMap::new(),
             deleting: BTreeSet::new(),
             tentative: BTreeMap::new(),
-            zeroing: BTreeSet::new(),
+            zeroing: BTreeMap::new(),
             sessions: BTreeMap::new(),
             session_names: BTreeMap::new(),
             view: ViewController::new(config.view.clone(), now)?,
@@ -188,8 +190,9 @@ impl Core {
     }
 
     /// Rebuilds the catalog from `pool` (the records in etcd), then puts
-    /// back what only memory knows: extents waiting for zeroing and
-    /// allocations in flight.
+    /// back the extents waiting for zeroing (etcd's and, if `pool` was
+    /// read before an unmap committed, this leader's) and allocations in
+    /// flight.
     pub fn rebuild(&mut self, pool: &PoolView) {
         let geometry = self.catalog.geometry();
         self.catalog = ExtentCatalog::new(geometry);
@@ -245,11 +248,45 @@ impl Core {
                 ),
             }
         }
-        for p in self.zeroing.clone() {
-            let _ = self.catalog.quarantine(p);
+        for (k, rec) in &pool.zeroing {
+            self.zeroing.entry(k.clone()).or_insert_with(|| rec.clone());
+        }
+        let zeroing: Vec<(String, u64)> = self.zeroing.keys().cloned().collect();
+        for (ns, pext) in zeroing {
+            match self.flint_placement(&ns, pext) {
+                Some(p) => {
+                    if let Err(e) = self.catalog.quarantine(p) {
+                        log::error!("namespace {ns} physical extent {pext} waits for zeroing: {e}");
+                    }
+                }
+                None => {
+                    log::error!(
+                        "namespace {ns} physical extent {pext} waits for zeroing on a namespace not in the pool"
+                    );
+                }
+            }
         }
         for t in self.tentative.values() {
             let _ = self.catalog.apply(&t.plan);
+        }
+    }
+
+    /// Physical extent `pext` of namespace `ns` in the catalog's terms.
+    pub fn flint_placement(&self, ns: &str, pext: u64) -> Option<FlintPlacement> {
+        self.namespaces.get(ns).map(|n| FlintPlacement {
+            namespace: n.id,
+            physical: PhysicalExtent(pext),
+        })
+    }
+
+    /// Physical extent `pext` of `ns` is zeroed and its zeroing record
+    /// deleted in etcd: free for allocations.
+    pub fn zeroed(&mut self, ns: &str, pext: u64) {
+        self.zeroing.remove(&(ns.to_owned(), pext));
+        if let Some(p) = self.flint_placement(ns, pext) {
+            if let Err(e) = self.catalog.zeroed(p) {
+                log::warn!("namespace {ns} physical extent {pext}: {e}");
+            }
         }
     }
 
@@ -410,16 +447,30 @@ impl Core {
     /// failed) or deleted.
     pub fn remove_volume(&mut self, name: &str) {
         if let Some((id, _)) = self.volumes.remove(name) {
-            if let Ok(freed) = self.catalog.delete_volume(id) {
-                self.zeroing.extend(freed);
+            match self.catalog.delete_volume(id) {
+                // Whatever was still mapped stays Zeroing in the catalog
+                // (out of reuse) but has no zeroing record in etcd: only a
+                // rebuild from etcd sorts it out. Deletes unmap first, so
+                // this does not happen.
+                Ok(freed) if !freed.is_empty() => log::error!(
+                    "eVol {name}: {} physical extents still mapped when it was removed; kept out of reuse until the next election",
+                    freed.len()
+                ),
+                _ => {}
             }
         }
     }
 
-    /// Unmapped (durably): its extents wait for zeroing.
-    pub fn unmapped(&mut self, vid: VolumeId, index: u64) {
-        if let Ok(m) = self.catalog.unmap(vid, LogicalExtent(index)) {
-            self.zeroing.extend(m.copies);
+    /// `rec` is unmapped (durably; its `pext` keys are zeroing records):
+    /// its physical extents wait for zeroing.
+    pub fn unmapped(&mut self, vid: VolumeId, rec: &ExtentRecord) {
+        if self.catalog.unmap(vid, LogicalExtent(rec.index)).is_ok() {
+            for c in &rec.copies {
+                self.zeroing.insert(
+                    (c.namespace.clone(), c.pext),
+                    PextRecord::freed_from(&rec.evol, rec.index),
+                );
+            }
         }
     }
 

@@ -17,8 +17,12 @@
 //!   runtime), so allocations of distinct extents proceed in parallel.
 //! - **Timer**: a task closes the view's and the auction's epochs at their
 //!   `poll_timeout`, passing `now` (time since start).
+//! - **Zeroing** ([`zeroing`]): a task zeroes the physical extents that
+//!   unmaps freed (zeroing records in etcd, Zeroing in the catalog) and
+//!   only then frees them, in etcd and in the catalog.
 
 mod core;
+mod zeroing;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -70,6 +74,8 @@ struct Counters {
     allocation_retries: AtomicU64,
     refused_not_leader: AtomicU64,
     elections_won: AtomicU64,
+    zeroed: AtomicU64,
+    zeroing_failures: AtomicU64,
 }
 
 /// One lock per logical extent being allocated, by (eVol, index).
@@ -86,6 +92,8 @@ pub struct Shared {
     extent_locks: Mutex<ExtentLocks>,
     admin: tokio::sync::Mutex<()>,
     grants: tokio::sync::Notify,
+    zeroers: Mutex<zeroing::Slots>,
+    zeroing_wake: tokio::sync::Notify,
     started: Instant,
     counters: Counters,
     stop: AtomicBool,
@@ -432,12 +440,14 @@ fn elect(shared: &Arc<Shared>) {
                                     .elections_won
                                     .fetch_add(1, Ordering::Relaxed);
                                 log::info!(
-                                    "leading (leader key revision {}): {} namespaces, {} eVols, {} extents mapped",
+                                    "leading (leader key revision {}): {} namespaces, {} eVols, {} extents mapped, {} physical extents waiting for zeroing",
                                     lead.revision,
                                     pool.namespaces.len(),
                                     pool.evols.len(),
-                                    pool.extents.len()
+                                    pool.extents.len(),
+                                    pool.zeroing.len()
                                 );
+                                shared.zeroing_wake.notify_one();
                             }
                             Err(e) => {
                                 log::error!("cannot build the catalog: {e}");
@@ -632,6 +642,31 @@ impl Arbiter for Service {
         let s = &self.0;
         let _admin = s.admin.lock().await;
         let lead = s.leading()?;
+        s.with_core(|c| {
+            if c.volumes.contains_key(&r.name) {
+                Ok(())
+            } else {
+                Err(Status::not_found(format!("no eVol named {}", r.name)))
+            }
+        })?;
+        // A host serving the eVol would go on writing to its extents after
+        // they are freed, zeroed and mapped to another volume.
+        let name = r.name.clone();
+        let owners = s.etcd(move |st, k| st.evol_owners(k, &name)).await?;
+        if let Some((device, owner)) = owners.first() {
+            if !r.force {
+                return Err(Status::failed_precondition(format!(
+                    "eVol {} is attached by host {} (device {device}); stop it there first (deleting with force lets that host's writes land in extents reused by other volumes)",
+                    r.name,
+                    owner.describe()
+                )));
+            }
+            log::warn!(
+                "eVol {}: deleting with force although host {} (device {device}) serves it",
+                r.name,
+                owner.describe()
+            );
+        }
         let (vid, spec) = s.with_core(|c| {
             let v = c
                 .volumes
@@ -665,9 +700,10 @@ impl Arbiter for Service {
                 Ok(true) => {
                     freed += rec.copies.len() as u64;
                     s.with_core(|c| {
-                        c.unmapped(vid, rec.index);
+                        c.unmapped(vid, &rec);
                         Ok(())
                     })?;
+                    s.zeroing_wake.notify_one();
                 }
                 Ok(false) => {
                     let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
@@ -691,7 +727,10 @@ impl Arbiter for Service {
                     c.deleting.remove(&r.name);
                     Ok(())
                 })?;
-                log::info!("eVol {} deleted ({freed} physical extents freed)", r.name);
+                log::info!(
+                    "eVol {} deleted ({freed} physical extents freed; they are zeroed before reuse)",
+                    r.name
+                );
                 Ok(Response::new(pb::DeleteVolumeResponse {
                     freed_extents: freed,
                 }))
@@ -981,6 +1020,8 @@ impl Shared {
         let mut st = pb::StatusResponse {
             id: self.config.id.clone(),
             allocations: self.counters.allocations.load(Ordering::Relaxed),
+            zeroed_extents: self.counters.zeroed.load(Ordering::Relaxed),
+            zeroing_failures: self.counters.zeroing_failures.load(Ordering::Relaxed),
             ..Default::default()
         };
         match role {
@@ -1006,6 +1047,7 @@ impl Shared {
             st.volumes = c.volumes.len() as u64;
             st.mapped_extents = c.catalog.volume_maps().map(|m| m.mapped_extents()).sum();
             st.free_extents = c.catalog.namespaces().map(|a| a.free_extents()).sum();
+            st.zeroing_extents = c.zeroing.len() as u64;
             st.view_epoch = c.view.epoch();
             st.auction_epoch = c.auction.epoch();
         }
@@ -1064,6 +1106,24 @@ impl Shared {
             &[],
             st.free_extents as f64,
         );
+        e.gauge(
+            "evol_arbiter_zeroing_extents",
+            "Freed physical extents waiting for zeroing, out of reuse (leader only).",
+            &[],
+            st.zeroing_extents as f64,
+        );
+        e.counter(
+            "evol_arbiter_zeroed_extents_total",
+            "Physical extents zeroed and freed.",
+            &[],
+            st.zeroed_extents,
+        );
+        e.counter(
+            "evol_arbiter_zeroing_failures_total",
+            "Zeroing attempts that failed (retried after a backoff).",
+            &[],
+            st.zeroing_failures,
+        );
         e.finish()
     }
 }
@@ -1120,6 +1180,8 @@ pub async fn start(config: ArbiterConfig) -> anyhow::Result<Running> {
         extent_locks: Mutex::new(HashMap::new()),
         admin: tokio::sync::Mutex::new(()),
         grants: tokio::sync::Notify::new(),
+        zeroers: Mutex::new(HashMap::new()),
+        zeroing_wake: tokio::sync::Notify::new(),
         started: Instant::now(),
         counters: Counters::default(),
         stop: AtomicBool::new(false),
@@ -1141,6 +1203,7 @@ pub async fn start(config: ArbiterConfig) -> anyhow::Result<Running> {
         .name("arbiter-election".into())
         .spawn(move || elect(&s))?;
     tokio::spawn(tick(Arc::clone(&shared)));
+    tokio::spawn(zeroing::run(Arc::clone(&shared)));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let svc = ArbiterServer::new(Service(Arc::clone(&shared)))
         .max_decoding_message_size(limits::MAX_MESSAGE_BYTES)
