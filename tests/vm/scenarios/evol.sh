@@ -58,10 +58,12 @@ lease_ttl = 4
 EOC
     start_daemon "arb-$1" evol-arbiter run --config "/tmp/arb-$1.toml"
 }
-arb() { evol-arbiter "$@" --endpoints "$EPS" --prefix "$PREFIX"; }
+# Every admin command is bounded: one that hangs fails its check instead of
+# stalling the scenario until the VM's limit.
+arb() { timeout 60 evol-arbiter "$@" --endpoints "$EPS" --prefix "$PREFIX"; }
 # leader_is ID: the leader's status names ID ("arbiter ID: leading; ...").
 leader_is() { arb status 2>/dev/null | grep -q "^arbiter $1: leading"; }
-check_map() { evol-arbiter check --endpoints "$EPS" --prefix "$PREFIX"; }
+check_map() { timeout 60 evol-arbiter check --endpoints "$EPS" --prefix "$PREFIX"; }
 
 # volume_conf NAME: a ublk-nvmf config for eVol NAME.
 volume_conf() {
@@ -101,7 +103,7 @@ wait_for "arbiter a leads" 30 leader_is a || exit 1
 arbiter b 7452
 wait_for "arbiter b listens" 20 gimbal_listening 7452
 check_output "arbiter b stands by, naming a" "^arbiter b: standby; leader a at 127.0.0.1:7451" \
-    evol-arbiter status --arbiter 127.0.0.1:7452
+    timeout 60 evol-arbiter status --arbiter 127.0.0.1:7452
 
 for t in 1 2; do
     for n in 1 2; do
