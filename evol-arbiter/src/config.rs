@@ -10,7 +10,7 @@
 //! endpoints = ["http://127.0.0.1:2379"]
 //! prefix = "/ublk-nvmf"             # as ublk-nvmf's [cluster] prefix
 //! lease_ttl = 5                     # seconds; keep-alive every ttl/3
-//! op_timeout_ms = 1000              # bound on one etcd request
+//! op_timeout_ms = 500               # bound on one etcd request (default: ttl/3 / endpoints, at most 1000)
 //!
 //! [placement]                       # flint_core::placement::PlacementWeights
 //! extents = 1.0
@@ -215,7 +215,13 @@ impl ArbiterConfig {
             }
         };
         let lease_ttl = cx.int(&e.lease_ttl, "etcd.lease_ttl", 5, 2..=600)?;
-        let op_timeout_ms = cx.int(&e.op_timeout_ms, "etcd.op_timeout_ms", 1000, 50..=60_000)?;
+        // Unset, the bound is derived so that a keep-alive tried on every
+        // member fits in ttl/3 (at most 1 s): three members and the
+        // default 5 s lease give 555 ms, rather than an error for a config
+        // that names no timeout at all.
+        let n = e.endpoints.get_ref().len().max(1) as i64;
+        let derived = ((lease_ttl * 1000 / 3 - 1) / n).clamp(50, 1000);
+        let op_timeout_ms = cx.int(&e.op_timeout_ms, "etcd.op_timeout_ms", derived, 50..=60_000)?;
         // Keep-alive every ttl/3 must fit a request to every member.
         if op_timeout_ms * e.endpoints.get_ref().len() as i64 >= lease_ttl * 1000 / 3 {
             let span = e
@@ -344,5 +350,19 @@ endpoints = ["http://127.0.0.1:2379"]
         assert_eq!(e.line, 4, "{e}");
         let e = parse(&GOOD.replace("\"a\"", "\"a/b\"")).unwrap_err();
         assert!(e.to_string().starts_with("arb.toml:1:6: field `id`"), "{e}");
+    }
+
+    #[test]
+    fn op_timeout_defaults_to_what_fits_a_keep_alive_on_every_member() {
+        let three = GOOD.replace(
+            r#"["http://127.0.0.1:2379"]"#,
+            r#"["127.0.0.1:2379", "127.0.0.1:12379", "127.0.0.1:22379"]"#,
+        );
+        let c = parse(&three).unwrap();
+        assert_eq!(c.etcd.op_timeout, Duration::from_millis(555));
+        assert_eq!(parse(GOOD).unwrap().etcd.op_timeout, Duration::from_secs(1));
+        // Given explicitly, a bound that cannot fit is still refused.
+        let e = parse(&format!("{three}op_timeout_ms = 1000\n")).unwrap_err();
+        assert_eq!(e.field, "etcd.op_timeout_ms", "{e}");
     }
 }
