@@ -73,6 +73,7 @@ name = "$1"
 alloc_wait = 60
 [host]
 nqn = "nqn.2026-01.io.test:evol-host"
+id = "00000000-0000-4000-8000-0000000000e1"
 [io]
 queues = 1
 queue_depth = 64
