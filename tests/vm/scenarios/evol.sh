@@ -87,7 +87,8 @@ prefix = "$PREFIX"
 lease_ttl = 6
 EOC
 }
-dev_of() { ublk-nvmf list --json | tr -d '\n ' | grep -o "\"name\":\"$1\"[^}]*" | grep -o '/dev/ublkb[0-9]*' | head -n1; }
+# dev_of NAME: the device `status` names ("volume NAME: /dev/ublkbN -> ...").
+dev_of() { ublk-nvmf status "$1" | sed -n "s|^volume $1: \(/dev/ublkb[0-9]*\) .*|\1|p"; }
 
 # etcd_revision: the cluster's current revision (a range read through
 # etcd's JSON gateway returns it in the header).
