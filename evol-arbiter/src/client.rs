@@ -300,16 +300,20 @@ impl ArbiterClient {
         })
     }
 
-    /// Asks for a slice of each of `namespaces` for `client`'s sessions of
-    /// `evol`, waiting up to `wait` (at most 1 s) for grants not available
-    /// at once; the grants available by then (possibly none: ask again).
+    /// Asks for up to `slices` slices (1 to
+    /// [`limits::MAX_SLICES_PER_REQUEST`]) of each of `namespaces` for
+    /// `client`'s sessions of `evol`, waiting up to `wait` (at most 1 s)
+    /// for grants not available at once; the grants available by then
+    /// (possibly none: ask again).
     pub fn request_slices(
         &self,
         client: &str,
         evol: &str,
         namespaces: &[String],
+        slices: u32,
         wait: Duration,
     ) -> Result<Vec<SliceGrant>, ArbiterError> {
+        let slices = slices.clamp(1, limits::MAX_SLICES_PER_REQUEST);
         let wait_ms = wait.as_millis().min(u128::from(limits::MAX_SLICE_WAIT_MS)) as u32;
         self.call(self.default_deadline(), |mut c| {
             let req = pb::RequestSlicesRequest {
@@ -317,6 +321,7 @@ impl ArbiterClient {
                 evol: evol.to_owned(),
                 namespaces: namespaces.to_vec(),
                 wait_ms,
+                slices,
             };
             async move { c.request_slices(req).await }
         })

@@ -94,3 +94,12 @@ mod tests {
             .contains("limit of 64"));
     }
 }
+
+/// Most I/Os one aggregated `IoVector` may sum (a client reports per
+/// size class per interval; 2^24 is ~16 M I/Os, far above a second of
+/// any drive's IOPS). Only sums, never allocations, depend on it.
+pub const MAX_VECTOR_COUNT: u64 = 1 << 24;
+
+/// Most slices one RequestSlices asks per namespace (a flow's grant
+/// mailbox holds [`MAX_PENDING_GRANTS`]).
+pub const MAX_SLICES_PER_REQUEST: u32 = MAX_PENDING_GRANTS as u32;

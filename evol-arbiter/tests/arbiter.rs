@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use cluster_store::evol::{check, EvolKeys, ExtentRecord};
 use cluster_store::testing::EtcdCluster;
 use evol_arbiter::client::{ArbiterClient, ArbiterError, ClientOptions};
-use evol_arbiter::pb;
 use evol_arbiter::pb::arbiter_client::ArbiterClient as Rpc;
+use evol_arbiter::{limits, pb};
 
 const BIN: &str = env!("CARGO_BIN_EXE_evol-arbiter");
 const LONG: Duration = Duration::from_secs(90);
@@ -333,10 +333,38 @@ fn standby_refuses_naming_the_leader_and_budgets_are_enforced() {
                 evol: "v".into(),
                 namespaces: vec!["ns0".into()],
                 wait_ms: 5000,
+                slices: 1,
             })
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let e = l
+            .request_slices(pb::RequestSlicesRequest {
+                client: "host1".into(),
+                evol: "v".into(),
+                namespaces: vec!["ns0".into()],
+                wait_ms: 0,
+                slices: limits::MAX_SLICES_PER_REQUEST + 1,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        let e = l
+            .report_io(pb::ReportIoRequest {
+                client: "host1".into(),
+                evol: "v".into(),
+                vectors: vec![pb::IoVector {
+                    namespace: "ns0".into(),
+                    kind: pb::IoKind::Read as i32,
+                    bytes: 4096,
+                    latency_ns: 1,
+                    age_ns: 0,
+                    count: limits::MAX_VECTOR_COUNT + 1,
+                }],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
         // An extent beyond the eVol's end.
         let e = l
             .allocate(pb::AllocateRequest {
@@ -353,24 +381,44 @@ fn standby_refuses_naming_the_leader_and_budgets_are_enforced() {
         .report_io(
             "host1",
             "v",
-            &[pb::IoVector {
-                namespace: "ns0".into(),
-                kind: pb::IoKind::Write as i32,
-                bytes: 4096,
-                latency_ns: 100_000,
-                age_ns: 0,
-            }],
+            &[
+                pb::IoVector {
+                    namespace: "ns0".into(),
+                    kind: pb::IoKind::Write as i32,
+                    bytes: 4096,
+                    latency_ns: 100_000,
+                    age_ns: 0,
+                    count: 0,
+                },
+                // An agent's aggregate: 64 reads of one size class.
+                pb::IoVector {
+                    namespace: "ns0".into(),
+                    kind: pb::IoKind::Read as i32,
+                    bytes: 64 * 4096,
+                    latency_ns: 64 * 90_000,
+                    age_ns: 0,
+                    count: 64,
+                },
+            ],
         )
         .unwrap();
-    assert_eq!(ack.accepted + ack.stale, 1, "{ack:?}");
+    assert_eq!(ack.accepted + ack.stale, 2, "{ack:?}");
     let grants = wait_for("a slice grant", || {
         let g = c
-            .request_slices("host1", "v", &["ns0".into()], Duration::from_millis(200))
+            .request_slices("host1", "v", &["ns0".into()], 1, Duration::from_millis(200))
             .unwrap();
         (!g.is_empty()).then_some(g)
     });
     assert_eq!(grants[0].namespace, "ns0");
     assert!(grants[0].bytes > 0);
+    // Once the flow has a quota, one round trip carries several slices.
+    let grants = wait_for("several slices in one request", || {
+        let g = c
+            .request_slices("host1", "v", &["ns0".into()], 4, Duration::from_millis(200))
+            .unwrap();
+        (g.len() > 1).then_some(g)
+    });
+    assert!(grants.len() <= 4, "{grants:?}");
     c.release_slices("host1", "v", &["ns0".into()]).unwrap();
     let v = c.query_view(&[]).unwrap();
     assert_eq!(v.namespaces.len(), 4);

@@ -237,7 +237,10 @@ pub struct SessionSpec {
     pub volume: VolumeId,
 }
 
-/// One completed I/O as a client's view agent reports it (§3.3).
+/// One completed I/O as a client's view agent reports it (§3.3), or
+/// `count` completed I/Os of one session, namespace, kind and size class
+/// summed (an agent that aggregates per epoch: see `docs/evol.md`, per-I/O
+/// vectors stop scaling at tens of busy clients).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct IoVector {
     /// The session it went through.
@@ -246,13 +249,21 @@ pub struct IoVector {
     pub namespace: NamespaceId,
     /// Read or write.
     pub kind: IoKind,
-    /// Bytes transferred.
+    /// Bytes transferred (summed over `count`).
     pub bytes: u64,
-    /// Submission to completion at the client, nanoseconds.
+    /// Submission to completion at the client, nanoseconds (summed over
+    /// `count`).
     pub latency_ns: u64,
+    /// How many I/Os this vector stands for (0 is taken as 1).
+    #[serde(default = "one")]
+    pub count: u64,
     /// When it completed (the client's clock, synchronized).
     #[serde(with = "crate::ids::nanos_serde")]
     pub completed_at: Nanos,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// An entity of the model, for recency counters and notifications.
@@ -317,16 +328,19 @@ struct Window {
 }
 
 impl Window {
+    /// Counts `v` (its `count` I/Os; sums saturate: a client chooses
+    /// them).
     fn add(&mut self, v: &IoVector) {
+        let n = v.count.max(1);
         match v.kind {
             IoKind::Read => {
-                self.read_bytes += v.bytes;
-                self.reads += 1;
+                self.read_bytes = self.read_bytes.saturating_add(v.bytes);
+                self.reads = self.reads.saturating_add(n);
                 self.read_latency_ns += u128::from(v.latency_ns);
             }
             IoKind::Write => {
-                self.write_bytes += v.bytes;
-                self.writes += 1;
+                self.write_bytes = self.write_bytes.saturating_add(v.bytes);
+                self.writes = self.writes.saturating_add(n);
                 self.write_latency_ns += u128::from(v.latency_ns);
             }
         }
@@ -694,7 +708,11 @@ impl ViewController {
                 continue;
             }
             session.active_on.insert(v.namespace);
-            let device_time = ns.spec.read_time_ns(v.bytes)
+            // An aggregate of n I/Os of one size class: n times the time
+            // of their mean size (exact for one I/O).
+            let n = v.count.max(1);
+            let device_time = n as f64
+                * ns.spec.read_time_ns(v.bytes / n)
                 * match v.kind {
                     IoKind::Read => 1.0,
                     IoKind::Write => ns.write_cost,
@@ -1051,6 +1069,7 @@ mod tests {
             kind,
             bytes,
             latency_ns: 100_000,
+            count: 1,
             completed_at: at,
         }
     }
@@ -1070,6 +1089,53 @@ mod tests {
             .collect();
         for chunk in batch.chunks(1000) {
             v.ingest(end, chunk).unwrap();
+        }
+    }
+
+    /// An agent that aggregates per size class reports what per-I/O
+    /// vectors would: same rates, latencies, busy degree and write cost.
+    #[test]
+    fn an_aggregated_vector_counts_as_its_ios() {
+        let end = Nanos(10 * MS);
+        let mut each = controller();
+        let mut summed = controller();
+        for (kind, bytes, latency, n) in [
+            (IoKind::Read, 4096u64, 80_000u64, 300u64),
+            (IoKind::Write, 131_072, 400_000, 120),
+        ] {
+            let one = IoVector {
+                latency_ns: latency,
+                ..vector(0, 1, kind, bytes, end)
+            };
+            let batch = vec![one; n as usize];
+            assert_eq!(each.ingest(end, &batch).unwrap().accepted, n as usize);
+            let agg = IoVector {
+                bytes: bytes * n,
+                latency_ns: latency * n,
+                count: n,
+                ..one
+            };
+            assert_eq!(summed.ingest(end, &[agg]).unwrap().accepted, 1);
+        }
+        each.handle_timeout(end);
+        summed.handle_timeout(end);
+        let (a, b) = (
+            each.namespace(NamespaceId(1)).unwrap(),
+            summed.namespace(NamespaceId(1)).unwrap(),
+        );
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1.0);
+        assert!(a.current.read_iops > 0.0 && a.current.write_iops > 0.0);
+        for (x, y) in [
+            (a.current.read_iops, b.current.read_iops),
+            (a.current.write_iops, b.current.write_iops),
+            (a.current.read_bytes_per_sec, b.current.read_bytes_per_sec),
+            (a.current.write_bytes_per_sec, b.current.write_bytes_per_sec),
+            (a.current.read_latency_ns, b.current.read_latency_ns),
+            (a.current.write_latency_ns, b.current.write_latency_ns),
+            (a.busy_degree, b.busy_degree),
+            (a.write_cost, b.write_cost),
+        ] {
+            assert!(close(x, y), "{x} vs {y}: {a:?} / {b:?}");
         }
     }
 

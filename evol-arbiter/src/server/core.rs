@@ -547,6 +547,13 @@ impl Core {
         Ok((sid, ns_id))
     }
 
+    /// The least an I/O costs in the auction's currency: the profile's
+    /// bandwidth over its IOPS (`flint_core::auction::cost_bytes`).
+    pub fn min_cost_bytes(&self) -> u64 {
+        let p = &self.config.profile;
+        p.read_bytes_per_sec / p.read_iops.max(1)
+    }
+
     /// A ReportIo batch into the view.
     pub fn report_io(
         &mut self,
@@ -565,6 +572,13 @@ impl Core {
         let mut batch = Vec::with_capacity(vectors.len());
         let mut unknown = 0;
         for v in vectors {
+            if v.count > limits::MAX_VECTOR_COUNT {
+                return Err(Status::invalid_argument(format!(
+                    "an I/O vector sums {} I/Os; at most {}",
+                    v.count,
+                    limits::MAX_VECTOR_COUNT
+                )));
+            }
             let Ok((session, namespace)) = self.session(client, evol, &v.namespace) else {
                 unknown += 1;
                 continue;
@@ -579,6 +593,7 @@ impl Core {
                 },
                 bytes: v.bytes,
                 latency_ns: v.latency_ns,
+                count: v.count.max(1),
                 completed_at: Nanos(now.as_nanos().saturating_sub(v.age_ns)),
             });
         }
@@ -598,13 +613,27 @@ impl Core {
         client: &str,
         evol: &str,
         namespaces: &[String],
+        slices: u32,
     ) -> Result<Vec<(SessionId, NamespaceId)>, Status> {
         let mut flows = Vec::new();
         for ns in namespaces {
             let (session, namespace) = self.session(client, evol, ns)?;
-            self.auction
-                .handle_request(now, SliceRequest { session, namespace })
-                .map_err(flint_status)?;
+            // The auction keeps one request per flow: ask again while each
+            // is granted at once (deficit or unclaimed capacity), so one
+            // round trip carries up to `slices`; the first refused stays
+            // deferred for the next epoch.
+            for _ in 0..slices.clamp(1, limits::MAX_SLICES_PER_REQUEST) {
+                self.auction
+                    .handle_request(now, SliceRequest { session, namespace })
+                    .map_err(flint_status)?;
+                if self
+                    .auction
+                    .flow(session, namespace)
+                    .is_none_or(|f| f.pending)
+                {
+                    break;
+                }
+            }
             flows.push((session, namespace));
         }
         self.collect_grants();

@@ -928,6 +928,7 @@ impl Arbiter for Service {
                         write_cost: v.write_cost,
                         read_bytes_per_sec: v.ewma.read_bytes_per_sec,
                         write_bytes_per_sec: v.ewma.write_bytes_per_sec,
+                        min_cost_bytes: c.min_cost_bytes(),
                     });
                 }
             }
@@ -968,6 +969,13 @@ impl Arbiter for Service {
         limits::check_name("client", &r.client).map_err(Status::invalid_argument)?;
         limits::check_name("evol", &r.evol).map_err(Status::invalid_argument)?;
         check_names("namespaces", &r.namespaces, limits::MAX_SLICE_NAMESPACES)?;
+        if r.slices > limits::MAX_SLICES_PER_REQUEST {
+            return Err(Status::invalid_argument(format!(
+                "{} slices asked per namespace; at most {}",
+                r.slices,
+                limits::MAX_SLICES_PER_REQUEST
+            )));
+        }
         if r.wait_ms > limits::MAX_SLICE_WAIT_MS {
             return Err(Status::invalid_argument(format!(
                 "wait_ms {} is over the limit of {}",
@@ -977,7 +985,8 @@ impl Arbiter for Service {
         }
         let s = &self.0;
         let now = s.now();
-        let flows = s.with_core(|c| c.request_slices(now, &r.client, &r.evol, &r.namespaces))?;
+        let flows =
+            s.with_core(|c| c.request_slices(now, &r.client, &r.evol, &r.namespaces, r.slices))?;
         let deadline = Instant::now() + Duration::from_millis(u64::from(r.wait_ms));
         let mut grants = Vec::new();
         loop {

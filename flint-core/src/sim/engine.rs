@@ -817,6 +817,7 @@ impl<'a> Sim<'a> {
             kind: io.kind,
             bytes: io.bytes,
             latency_ns: self.now - io.sent_at,
+            count: 1,
             completed_at: Nanos(self.now),
         });
         if measured {
