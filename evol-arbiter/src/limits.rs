@@ -41,6 +41,15 @@ pub const MAX_COPIES: u32 = 8;
 /// collects does not grow the arbiter's memory).
 pub const MAX_PENDING_GRANTS: usize = 16;
 
+/// Most I/Os one aggregated `IoVector` may sum (a client reports per
+/// size class per interval; 2^24 is ~16 M I/Os, far above a second of
+/// any drive's IOPS). Only sums, never allocations, depend on it.
+pub const MAX_VECTOR_COUNT: u64 = 1 << 24;
+
+/// Most slices one RequestSlices asks per namespace (a flow's grant
+/// mailbox holds [`MAX_PENDING_GRANTS`]).
+pub const MAX_SLICES_PER_REQUEST: u32 = MAX_PENDING_GRANTS as u32;
+
 /// Whether `name` is a valid name (eVol, namespace, target, client):
 /// 1 to [`MAX_NAME_LEN`] characters of `[A-Za-z0-9_.-]`, so that it is one
 /// etcd key component. `Err` says why not.
@@ -94,12 +103,3 @@ mod tests {
             .contains("limit of 64"));
     }
 }
-
-/// Most I/Os one aggregated `IoVector` may sum (a client reports per
-/// size class per interval; 2^24 is ~16 M I/Os, far above a second of
-/// any drive's IOPS). Only sums, never allocations, depend on it.
-pub const MAX_VECTOR_COUNT: u64 = 1 << 24;
-
-/// Most slices one RequestSlices asks per namespace (a flow's grant
-/// mailbox holds [`MAX_PENDING_GRANTS`]).
-pub const MAX_SLICES_PER_REQUEST: u32 = MAX_PENDING_GRANTS as u32;

@@ -43,6 +43,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod evol;
+pub mod evol_qos;
 pub mod io;
 pub mod metrics;
 pub mod qos;

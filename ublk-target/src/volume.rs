@@ -145,6 +145,9 @@ pub struct EvolStatus {
     /// Stale copies repaired since start.
     #[serde(default)]
     pub repaired: u64,
+    /// Flint's client side: auction, view reports.
+    #[serde(default)]
+    pub flint: Option<crate::evol_qos::FlintStatus>,
 }
 
 /// What `status` shows of one replica.
@@ -329,6 +332,12 @@ pub struct EvolRuntime {
     _alloc: crate::evol::AllocatorThread,
     /// Records stale copies in etcd and repairs them.
     _health: crate::evol::HealthThread,
+    /// Flint's client side (view agent, auction, eIO), shared by the
+    /// queues.
+    pub flint: Option<Arc<crate::evol_qos::EvolQos>>,
+    /// Reports to the view and asks for slices (stopped on drop, before
+    /// the map's threads).
+    _agent: Option<crate::evol_qos::AgentThread>,
 }
 
 /// The repair's blocking I/O to an eVol's members: each member's
@@ -396,23 +405,28 @@ pub fn evol_allocator(config: &VolumeConfig) -> Arc<dyn crate::evol::ExtentAlloc
                 .map_err(|e| format!("arbiter: {e}"))
         }
     }
+    Arc::new(Arbiter {
+        opts: arbiter_options(config),
+        client: std::sync::Mutex::new(None),
+    })
+}
+
+/// How a client finds the leading arbiter: through the volume's etcd.
+fn arbiter_options(config: &VolumeConfig) -> evol_arbiter::client::ClientOptions {
     let (endpoints, prefix, op_timeout) = match &config.cluster {
         Some(c) => (c.endpoints.clone(), c.prefix.clone(), c.op_timeout),
         None => (Vec::new(), String::new(), std::time::Duration::from_secs(1)),
     };
     let mut opts = evol_arbiter::client::ClientOptions::new(endpoints, &prefix);
     opts.etcd_timeout = op_timeout;
-    Arc::new(Arbiter {
-        opts,
-        client: std::sync::Mutex::new(None),
-    })
+    opts
 }
 
 /// An eVol's spec and pool from etcd: the members (sorted by namespace
 /// id) become `config.replicas`.
 fn evol_prepare(
     config: &mut VolumeConfig,
-) -> Result<(cluster_store::evol::EvolSpec, Vec<String>), Error> {
+) -> Result<(cluster_store::evol::EvolSpec, Vec<String>, Vec<String>), Error> {
     let (Some(ev), Some(cc)) = (&config.evol, &config.cluster) else {
         return Err(Error::Usage("an eVol needs [evol] and [cluster]".into()));
     };
@@ -432,6 +446,7 @@ fn evol_prepare(
         ))
     })?;
     let mut members = Vec::new();
+    let mut addresses = Vec::new();
     let mut specs = Vec::new();
     for n in pool.namespaces.values() {
         if n.extent_bytes != spec.extent_bytes {
@@ -452,6 +467,7 @@ fn evol_prepare(
             nsid: n.nsid,
         });
         members.push(n.id.clone());
+        addresses.push(n.address.clone());
     }
     if members.len() > crate::evol::MAX_MEMBERS || members.is_empty() {
         return Err(Error::Usage(format!(
@@ -464,7 +480,7 @@ fn evol_prepare(
     }
     config.target = specs[0].clone();
     config.replicas = specs;
-    Ok((spec, members))
+    Ok((spec, members, addresses))
 }
 
 /// Start an eVol's map: read it with its revision, watch it from there,
@@ -472,13 +488,21 @@ fn evol_prepare(
 fn evol_start(
     config: &VolumeConfig,
     spec: &cluster_store::evol::EvolSpec,
-    members: Vec<String>,
+    (members, addresses): (Vec<String>, Vec<String>),
     epoch: u64,
     replicas: &[ReplicaEndpoint],
+    host_nqn: &str,
 ) -> Result<EvolRuntime, Error> {
     let (Some(ev), Some(cc)) = (&config.evol, &config.cluster) else {
         return Err(Error::Usage("an eVol needs [evol] and [cluster]".into()));
     };
+    let flint = crate::evol_qos::EvolQos::new(
+        &crate::evol_qos::client_name(host_nqn),
+        &ev.name,
+        members.clone(),
+        &addresses,
+        ev.flint,
+    );
     let map = Arc::new(
         crate::evol::ExtentMap::new(&ev.name, spec.size_bytes, spec.extent_bytes, members)
             .map_err(Error::Usage)?,
@@ -546,9 +570,16 @@ fn evol_start(
         ev.alloc_wait,
     )
     .map_err(|e| Error::State(format!("starting the allocator thread: {e}")))?;
+    let agent = crate::evol_qos::AgentThread::start(
+        Arc::clone(&flint),
+        Box::new(crate::evol_qos::ArbiterLink::new(arbiter_options(config))),
+    )
+    .map_err(|e| Error::State(format!("starting the eVol agent thread: {e}")))?;
     Ok(EvolRuntime {
         map,
         wait: ev.alloc_wait,
+        _agent: Some(agent),
+        flint: Some(flint),
         _watch: watch,
         _alloc: alloc,
         _health: health,
@@ -612,11 +643,19 @@ impl Volume {
                 Some(a)
             }
         };
+        let host_nqn = host.nqn.clone();
         match Self::connect_attached(config, host, priority, recovering, attachment.as_ref()) {
             Ok(mut v) => {
-                if let Some((spec, members)) = evol {
+                if let Some((spec, members, addresses)) = evol {
                     let epoch = attachment.as_ref().map_or(0, |a| a.epoch());
-                    match evol_start(&v.config, &spec, members, epoch, &v.replicas) {
+                    match evol_start(
+                        &v.config,
+                        &spec,
+                        (members, addresses),
+                        epoch,
+                        &v.replicas,
+                        &host_nqn,
+                    ) {
                         Ok(rt) => {
                             // The device is the eVol's size; a request
                             // spans at most MAX_PIECES extents.
@@ -838,6 +877,7 @@ impl Volume {
                     stale_extents: e.map.stale_extents(),
                     repairing: e.map.repairing().map(|(i, _)| i),
                     repaired: e.map.repaired(),
+                    flint: e.flint.as_ref().map(|f| f.status()),
                 }
             }),
             qos,

@@ -25,6 +25,7 @@ use qos_core::priority::NvmeClass;
 use ublk_target::evol::{
     AllocatorThread, EtcdStaleStore, ExtentAllocator, ExtentMap, HealthThread, MemberIo, StaleStore,
 };
+use ublk_target::evol_qos::{AgentThread, EvolQos, FlintLink, FlintSettings};
 use ublk_target::io::requests::{PartSink, Requests, Submission, TagBuf};
 use ublk_target::qos::{LimitKind, QosConfig, QueueQos, VolumeQos};
 use ublk_target::volume::Stats;
@@ -147,7 +148,7 @@ impl Rig {
             qos,
             DEPTH,
         );
-        req.set_evol(Arc::clone(&map), BS, wait);
+        req.set_evol(Arc::clone(&map), BS, wait, None);
         Rig {
             req,
             net: Net {
@@ -168,6 +169,18 @@ impl Rig {
     fn with_allocator(mut self, a: Arc<dyn ExtentAllocator>) -> Self {
         self._alloc = Some(
             AllocatorThread::start(Arc::clone(&self.map), a, Duration::from_secs(30)).unwrap(),
+        );
+        self
+    }
+
+    /// Flint's auction and eIO in front of the QoS stage (before any
+    /// I/O).
+    fn with_flint(mut self, flint: Arc<EvolQos>) -> Self {
+        self.req.set_evol(
+            Arc::clone(&self.map),
+            BS,
+            Duration::from_secs(30),
+            Some(flint),
         );
         self
     }
@@ -270,6 +283,10 @@ impl Rig {
     fn tick(&mut self) {
         let now = self.req.now(Instant::now());
         self.req.evol_tick(now, &mut self.net);
+        // What the engine's pacing timer does (an I/O waiting for a slice).
+        if self.req.timer().is_some() {
+            self.req.pump(now, &mut self.net);
+        }
         self.pump();
     }
 
@@ -940,4 +957,118 @@ fn writes_held_for_a_member_whose_path_is_down_complete_on_the_other_copy() {
     assert_eq!(r.raw(2, 0, 0, 4096), d);
     assert_eq!(s.read_stale(&keys, "ev").unwrap().len(), 1);
     assert!(r.req.take_result(1).is_none());
+}
+
+/// A fake arbiter for Flint's client side: grants `grant` slices of
+/// 16 KiB per request, records the view reports.
+#[derive(Clone, Default)]
+struct FakeArbiter(Arc<Mutex<(u64, Vec<evol_arbiter::pb::IoVector>)>>);
+
+impl FlintLink for FakeArbiter {
+    fn report_io(
+        &mut self,
+        _: &str,
+        _: &str,
+        v: &[evol_arbiter::pb::IoVector],
+    ) -> Result<(), String> {
+        self.0.lock().unwrap().1.extend_from_slice(v);
+        Ok(())
+    }
+    fn request_slices(
+        &mut self,
+        _: &str,
+        _: &str,
+        ns: &[String],
+        slices: u32,
+        _: Duration,
+    ) -> Result<Vec<evol_arbiter::pb::SliceGrant>, String> {
+        let grant = self.0.lock().unwrap().0.min(u64::from(slices));
+        if grant == 0 {
+            // As the arbiter does when nothing is available: wait, answer none.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(ns
+            .iter()
+            .flat_map(|n| {
+                (0..grant).map(|_| evol_arbiter::pb::SliceGrant {
+                    namespace: n.clone(),
+                    bytes: 16 * 1024,
+                    epoch: 1,
+                    valid_for_ns: 600_000_000_000,
+                })
+            })
+            .collect())
+    }
+    fn release_slices(&mut self, _: &str, _: &str, _: &[String]) -> Result<(), String> {
+        Ok(())
+    }
+    fn query_view(&mut self, _: &[String]) -> Result<evol_arbiter::pb::QueryViewResponse, String> {
+        Ok(evol_arbiter::pb::QueryViewResponse::default())
+    }
+}
+
+#[test]
+fn the_auction_holds_a_mapped_write_until_a_slice_arrives_and_the_view_counts_it() {
+    let flint = EvolQos::new(
+        "host1",
+        "ev",
+        (0..MEMBERS).map(ns).collect(),
+        &["a:1".into(), "a:1".into(), "b:1".into(), "b:1".into()],
+        FlintSettings {
+            report_interval: Duration::from_millis(10),
+            ..FlintSettings::default()
+        },
+    );
+    let arb = FakeArbiter::default();
+    arb.0.lock().unwrap().0 = 1;
+    let _agent = AgentThread::start(Arc::clone(&flint), Box::new(arb.clone())).unwrap();
+    let mut r = Rig::new(&NONE, Duration::from_secs(30)).with_flint(Arc::clone(&flint));
+    r.map(1, &[(2, 5)]);
+    // Before the first grant the auction does not gate (fails open); the
+    // demand makes the agent ask, and the grant makes it gate.
+    let d = pattern(4096, 1);
+    r.write(0, EXT, &d);
+    assert!(r.wait(0));
+    wait_for("the auction to gate", || flint.status().auction_enforced);
+    // With no more grants, writes go while the slices have room, then
+    // one waits in eIO: nothing of it reaches the member.
+    arb.0.lock().unwrap().0 = 0;
+    let big = pattern(8192, 2);
+    let mut tag = 1;
+    loop {
+        let sent = r.net.sent[2];
+        r.write(tag, EXT + 8192 * u64::from(tag), &big);
+        r.pump();
+        if r.net.sent[2] == sent {
+            break;
+        }
+        assert!(r.wait(tag));
+        tag += 1;
+        assert!(tag < DEPTH, "the slices never ran out");
+    }
+    assert!(
+        r.req.timer().is_some(),
+        "a slice wait arms the pacing timer"
+    );
+    for _ in 0..5 {
+        r.tick();
+    }
+    assert!(r.req.take_result(tag).is_none(), "held for want of a slice");
+    assert!(flint.status().slice_waits >= 1);
+    // A grant lets it go.
+    arb.0.lock().unwrap().0 = 4;
+    assert!(r.wait(tag));
+    let at = (5 * EXT + 8192 * u64::from(tag)) as usize;
+    assert_eq!(r.net.links[2].0.data()[at..at + 8192], big[..]);
+    // The view agent reported the member's writes, aggregated.
+    wait_for("the view reports", || {
+        let g = arb.0.lock().unwrap();
+        let writes: u64 = g
+            .1
+            .iter()
+            .filter(|v| v.namespace == ns(2) && v.kind == evol_arbiter::pb::IoKind::Write as i32)
+            .map(|v| v.count)
+            .sum();
+        writes == u64::from(tag) + 1
+    });
 }

@@ -488,6 +488,17 @@ fn format_evol(s: &ublk_target::volume::StatsSnapshot) -> String {
             e.writes_waiting, e.oldest_wait_ms
         );
     }
+    if let Some(f) = &e.flint {
+        let auction = match (&f.auction_note, f.auction_enforced) {
+            (_, true) => "enforced".to_owned(),
+            (Some(why), false) => format!("not enforced ({why})"),
+            (None, false) => "not enforced".to_owned(),
+        };
+        out += &format!(
+            "  evol auction: {auction}, {} slices granted, {} waits; view: {} reports, {} arbiter errors, {} victim members\n",
+            f.slices_granted, f.slice_waits, f.reports, f.agent_errors, f.victim_members
+        );
+    }
     out
 }
 

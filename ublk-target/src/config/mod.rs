@@ -54,6 +54,9 @@
 //! [evol]
 //! name = "ev0"            # the eVol in etcd (PREFIX/evols/NAME); default: name
 //! alloc_wait = 30         # seconds a first write waits for its extent's mapping
+//! auction = true          # gate I/O by the arbiter's bandwidth slices (fails open)
+//! eio = true              # order I/Os within a class by cost (false: arrival order)
+//! report_interval_ms = 100  # view reports (aggregated) and view queries
 //! [cluster]               # required: the map, the pool and ownership live in etcd
 //! endpoints = ["10.0.0.1:2379"]
 //! fencing = "none"        # the default for eVols; "reservations" is refused
@@ -163,6 +166,9 @@ pub struct EvolConfig {
     /// Bound on a first write's wait for its extent's mapping (then it
     /// fails with EIO, never acknowledged).
     pub alloc_wait: Duration,
+    /// Flint's client side: auction, eIO, view reports (see
+    /// [`crate::evol_qos`]).
+    pub flint: crate::evol_qos::FlintSettings,
 }
 
 /// `[cluster]`: where the volume's cluster state lives (see
@@ -324,6 +330,9 @@ struct Raw {
 struct RawEvol {
     name: Option<Spanned<String>>,
     alloc_wait: Option<Spanned<i64>>,
+    auction: Option<Spanned<bool>>,
+    eio: Option<Spanned<bool>>,
+    report_interval_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -678,9 +687,20 @@ fn parse_evol(cx: &Ctx<'_>, raw: &Raw, e: &RawEvol) -> Result<EvolConfig, Config
         crate::evol::DEFAULT_ALLOC_WAIT.as_secs() as i64,
         1..=3600,
     )?;
+    let interval = cx.int(
+        &e.report_interval_ms,
+        "evol.report_interval_ms",
+        crate::evol_qos::DEFAULT_REPORT_INTERVAL.as_millis() as i64,
+        10..=60_000,
+    )?;
     Ok(EvolConfig {
         name,
         alloc_wait: Duration::from_secs(wait as u64),
+        flint: crate::evol_qos::FlintSettings {
+            auction: e.auction.as_ref().is_none_or(|b| *b.get_ref()),
+            eio: e.eio.as_ref().is_none_or(|b| *b.get_ref()),
+            report_interval: Duration::from_millis(interval as u64),
+        },
     })
 }
 
@@ -1308,6 +1328,29 @@ endpoints = ["127.0.0.1:2379"]
         assert_eq!(d.evol.unwrap().name, "ev0");
         let e = parse(&EVOL.replace("alloc_wait = 5", "alloc_wait = 0")).unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (5, "evol.alloc_wait"), "{e}");
+        assert_eq!(
+            c.evol.as_ref().unwrap().flint,
+            crate::evol_qos::FlintSettings::default()
+        );
+        let f = parse(&EVOL.replace(
+            "alloc_wait = 5",
+            "alloc_wait = 5\nauction = false\neio = false\nreport_interval_ms = 500",
+        ))
+        .unwrap()
+        .evol
+        .unwrap()
+        .flint;
+        assert_eq!(
+            (f.auction, f.eio, f.report_interval),
+            (false, false, Duration::from_millis(500))
+        );
+        let e = parse(&EVOL.replace("alloc_wait = 5", "alloc_wait = 5\nreport_interval_ms = 1"))
+            .unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (6, "evol.report_interval_ms"),
+            "{e}"
+        );
         let e =
             parse(&EVOL.replace("[cluster]\nendpoints = [\"127.0.0.1:2379\"]\n", "")).unwrap_err();
         assert_eq!(e.field, "cluster", "{e}");

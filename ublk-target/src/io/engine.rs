@@ -239,7 +239,12 @@ impl Engine {
             requests.set_cluster(Arc::clone(c));
         }
         if let Some(ev) = &volume.evol {
-            requests.set_evol(Arc::clone(&ev.map), volume.geometry.block_size, ev.wait);
+            requests.set_evol(
+                Arc::clone(&ev.map),
+                volume.geometry.block_size,
+                ev.wait,
+                ev.flint.clone(),
+            );
         }
         Self {
             requests,

@@ -24,6 +24,7 @@ use qos_core::{Nanos, ReplicaSet};
 
 use crate::cluster::ClusterLink;
 use crate::evol::{self, AllocState, ExtentMap, Mapped, MAX_MEMBERS};
+use crate::evol_qos::{EvolQos, EvolSched, MemberCosts};
 use crate::io::fanout::{Action, FanOut, Op, PartId, PieceSpec, MAX_PIECES};
 use crate::qos::{LimitKind, QueueQos, Route, Ticket};
 use crate::replication::Replication;
@@ -203,6 +204,16 @@ struct EvolState {
     /// Write parts whose copy missed the write, waiting for its durable
     /// stale mark.
     missed: Vec<MissedWait>,
+    /// Flint's eIO schedulers and auction gate before the QoS stage
+    /// (see [`crate::evol_qos`]); `None`: straight to the QoS stage.
+    sched: Option<EvolSched<EvolQueued>>,
+}
+
+/// A mapped eVol request waiting in eIO, with what the QoS stage takes.
+struct EvolQueued {
+    pending: Pending,
+    kind: LimitKind,
+    bytes: u64,
 }
 
 /// A write part whose copy missed it, held until etcd records the copy
@@ -355,7 +366,17 @@ impl Requests {
     /// write's wait for its mapping. The QoS stage must be a one-target
     /// one ([`QueueQos::new`]): it charges a request once, not per part
     /// (parts of one request may share a member).
-    pub fn set_evol(&mut self, map: Arc<ExtentMap>, block_size: u32, wait: std::time::Duration) {
+    ///
+    /// `flint`: the eVol's auction and eIO (see [`crate::evol_qos`]):
+    /// mapped data requests wait there, one class at a time, before the
+    /// QoS stage.
+    pub fn set_evol(
+        &mut self,
+        map: Arc<ExtentMap>,
+        block_size: u32,
+        wait: std::time::Duration,
+        flint: Option<Arc<EvolQos>>,
+    ) {
         let depth = self.tags.len();
         self.evol = Some(EvolState {
             map,
@@ -366,6 +387,7 @@ impl Requests {
             parked: Vec::new(),
             seen_version: 0,
             missed: Vec::new(),
+            sched: flint.map(EvolSched::new),
         });
     }
 
@@ -519,9 +541,92 @@ impl Requests {
                     return;
                 }
             }
+            self.evol_enqueue(now, pending, kind, bytes, class);
+            self.pump(now, sink);
+            return;
         }
         self.qos.push(now, pending, kind, bytes, class);
         self.pump(now, sink);
+    }
+
+    /// A mapped eVol request (its pieces planned) into its class's eIO
+    /// scheduler, or straight to the QoS stage when it moves no data or
+    /// there is no scheduler.
+    fn evol_enqueue(
+        &mut self,
+        now: Nanos,
+        pending: Pending,
+        kind: LimitKind,
+        bytes: u64,
+        class: NvmeClass,
+    ) {
+        let io_kind = match kind {
+            LimitKind::Read => qos_core::IoKind::Read,
+            LimitKind::Write => qos_core::IoKind::Write,
+            LimitKind::Other => return self.qos.push(now, pending, kind, bytes, class),
+        };
+        let Some(ev) = self.evol.as_mut() else {
+            return self.qos.push(now, pending, kind, bytes, class);
+        };
+        let Some(sched) = ev.sched.as_mut() else {
+            return self.qos.push(now, pending, kind, bytes, class);
+        };
+        let pieces = &ev.pieces[usize::from(pending.tag)];
+        let mut costs = MemberCosts::default();
+        for e in pieces {
+            if io_kind == qos_core::IoKind::Read {
+                // The copy `start` will read (copies only go stale
+                // meanwhile, and then another serves: charged here).
+                let r = ev.map.readable(e.piece.index, &e.copies);
+                if let Some(m) = r.first().or_else(|| e.copies.members().first()) {
+                    costs.add(m, sched.cost(m, io_kind, e.piece.len));
+                }
+            } else {
+                for m in e.copies.members() {
+                    costs.add(m, sched.cost(m, io_kind, e.piece.len));
+                }
+            }
+        }
+        // One stream per extent (of this queue): writes to an extent keep
+        // their order, different extents reorder freely.
+        let stream = pieces.first().map_or(0, |e| e.piece.index);
+        let item = EvolQueued {
+            pending,
+            kind,
+            bytes,
+        };
+        if let Err(item) = sched.push(now, item, class, io_kind, stream, costs) {
+            // eIO's window is full (deeper than any queue): no ranking.
+            self.qos
+                .push(now, item.pending, item.kind, item.bytes, class);
+        }
+    }
+
+    /// Moves eIO's next admissible request of each class that has nothing
+    /// waiting in the QoS stage into it; whether any moved.
+    fn evol_release(&mut self, now: Nanos) -> bool {
+        let Some(sched) = self.evol.as_mut().and_then(|e| e.sched.as_mut()) else {
+            return false;
+        };
+        let mut moved = false;
+        loop {
+            let qos = &self.qos;
+            let Some((item, class)) = sched.pop(now, |c| qos.waiting_in(c) == 0) else {
+                break;
+            };
+            self.qos
+                .push(now, item.pending, item.kind, item.bytes, class);
+            moved = true;
+        }
+        moved
+    }
+
+    /// Requests of this queue waiting in eIO.
+    pub fn evol_scheduled(&self) -> usize {
+        self.evol
+            .as_ref()
+            .and_then(|e| e.sched.as_ref())
+            .map_or(0, EvolSched::len)
     }
 
     /// Split eVol request `p` at extents into its tag's piece list (see
@@ -675,7 +780,7 @@ impl Requests {
                 Ok(true) => {
                     map.wait_ended(w.since);
                     match self.evol_plan(&w.pending) {
-                        EvolPlan::Go => self.qos.push(now, w.pending, w.kind, w.bytes, w.class),
+                        EvolPlan::Go => self.evol_enqueue(now, w.pending, w.kind, w.bytes, w.class),
                         EvolPlan::Done(ok) => self.finish_as(w.tag, ok, false),
                         // Unmapped again (another party unmapped it
                         // meanwhile): wait anew.
@@ -820,28 +925,40 @@ impl Requests {
         self.replication.as_ref().is_some_and(|rep| rep.is_out(r))
     }
 
-    /// Send what the QoS stage admits now.
+    /// Send what the QoS stage admits now (an eVol's eIO feeding it).
     pub fn pump(&mut self, now: Nanos, sink: &mut impl PartSink) {
         loop {
+            let released = self.evol_release(now);
             let route = self.route();
-            let Some((pending, ticket)) = self.qos.poll_admit_routed(now, route) else {
-                break;
-            };
-            self.start(now, pending, ticket, sink);
+            match self.qos.poll_admit_routed(now, route) {
+                Some((pending, ticket)) => self.start(now, pending, ticket, sink),
+                // What eIO released may free it to release more.
+                None if released => {}
+                None => break,
+            }
         }
     }
 
-    /// [`Requests::pump`] if anything waits in the QoS stage (after
-    /// completions freed room, or settings changed).
+    /// [`Requests::pump`] if anything waits in the QoS stage or in eIO
+    /// (after completions freed room, or settings changed).
     pub fn pump_if_queued(&mut self, now: Nanos, sink: &mut impl PartSink) {
-        if self.qos.queued() > 0 {
+        if self.qos.queued() > 0 || self.evol_scheduled() > 0 {
             self.pump(now, sink);
         }
     }
 
-    /// When the rate limiter's head may go, if it holds one back.
+    /// When to pump again though nothing completes: the rate limiter's
+    /// head may go, or an eVol request waits for a slice.
     pub fn timer(&self) -> Option<Nanos> {
-        self.qos.timer()
+        let slices = self
+            .evol
+            .as_ref()
+            .and_then(|e| e.sched.as_ref())
+            .and_then(|s| s.timer(self.fan_now()));
+        match (self.qos.timer(), slices) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// An admitted request enters the fan-out.
@@ -1199,6 +1316,31 @@ impl Requests {
         );
     }
 
+    /// Counts eVol part `part`'s completion at `now` for the view agent
+    /// (data parts only).
+    fn evol_record(&self, now: Nanos, part: PartId) {
+        let t = usize::from(part.tag);
+        let (Some(ev), Some(ticket), Some(pending)) = (
+            self.evol.as_ref(),
+            self.tags[t].ticket.as_ref(),
+            self.tags[t].pending.as_ref(),
+        ) else {
+            return;
+        };
+        let Some(flint) = ev.sched.as_ref().map(EvolSched::shared) else {
+            return;
+        };
+        let kind = match pending.command {
+            Command::Read { .. } => qos_core::IoKind::Read,
+            Command::Write { .. } => qos_core::IoKind::Write,
+            _ => return,
+        };
+        if let Some(e) = ev.pieces[t].get(usize::from(part.piece)) {
+            let latency = now.nanos_since(ticket.sent_at());
+            flint.record(usize::from(part.copy), kind, e.piece.len, latency);
+        }
+    }
+
     /// The copies of `part`'s piece that may serve reads now.
     fn readable_for(&self, part: PartId) -> ReplicaSet {
         match &self.evol {
@@ -1264,6 +1406,9 @@ impl Requests {
                 if let Some(c) = self.stats.replica_reads.get(replica) {
                     c.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+            if ok {
+                self.evol_record(now, part);
             }
             let readable = self.readable_for(part);
             self.fan.answered(part, ok, readable);

@@ -487,6 +487,11 @@ impl Ticket {
         self.replicas
     }
 
+    /// When it was admitted (its parts were sent then).
+    pub fn sent_at(&self) -> Nanos {
+        self.sent_at
+    }
+
     /// Whether it is a read.
     pub fn is_read(&self) -> bool {
         self.read
@@ -606,6 +611,12 @@ impl<T> QueueQos<T> {
     /// Requests waiting here.
     pub fn queued(&self) -> usize {
         self.waiting.len() + usize::from(self.staged.is_some())
+    }
+
+    /// Requests of class `class` waiting here.
+    pub fn waiting_in(&self, class: NvmeClass) -> usize {
+        self.waiting.waiting(class)
+            + usize::from(self.staged.as_ref().is_some_and(|w| w.prio == class))
     }
 
     /// Requests admitted and not completed, summed over the replicas (a
