@@ -91,6 +91,10 @@ pub const STARVE_LIMIT: Duration = Duration::from_secs(1);
 /// (ReleaseSlices): its share goes to the others at the next epoch.
 pub const IDLE_RELEASE: Duration = Duration::from_secs(1);
 
+/// After a failed RequestSlices the agent waits this long (or one report
+/// interval, if longer) before asking again.
+pub const ERROR_BACKOFF: Duration = Duration::from_millis(250);
+
 /// Slice size assumed before the first grant says the arbiter's.
 const DEFAULT_SLICE_BYTES: u64 = 256 * 1024;
 
@@ -199,6 +203,11 @@ pub struct EvolQos {
     /// (sessions the last bottleneck report named, version).
     victims: RwLock<(Vec<SessionId>, u64)>,
     wake: (Mutex<bool>, Condvar),
+    /// After a failed RequestSlices: not before this (no tight loop of
+    /// failing calls while the arbiter is away).
+    backoff_until: Mutex<Option<Instant>>,
+    /// The last call to the arbiter failed.
+    failing: AtomicBool,
     stop: AtomicBool,
     counters: Counters,
     base: Instant,
@@ -384,6 +393,8 @@ impl EvolQos {
             costs: RwLock::new((vec![default_cost; n], 0)),
             victims: RwLock::new((Vec::new(), 0)),
             wake: (Mutex::new(false), Condvar::new()),
+            backoff_until: Mutex::new(None),
+            failing: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
             base: Instant::now(),
@@ -550,6 +561,7 @@ impl EvolQos {
     }
 
     fn error(&self, why: String) {
+        self.failing.store(true, Ordering::Release);
         self.counters.agent_errors.fetch_add(1, Ordering::Relaxed);
         log::debug!("eVol {}: {why}", self.evol);
     }
@@ -557,6 +569,14 @@ impl EvolQos {
     /// One round of asking for slices: for members that refused I/Os or
     /// run low while in use. Whether any was asked.
     fn ask_slices(&self, link: &mut dyn FlintLink) -> bool {
+        {
+            let mut b = self.backoff_until.lock().unwrap_or_else(|e| e.into_inner());
+            match *b {
+                Some(t) if Instant::now() < t => return false,
+                Some(_) => *b = None,
+                None => {}
+            }
+        }
         let now = self.now();
         let mut ask = Vec::new();
         let mut want = 1u64;
@@ -578,6 +598,7 @@ impl EvolQos {
         let want = want.min(u64::from(evol_arbiter::limits::MAX_SLICES_PER_REQUEST)) as u32;
         match link.request_slices(&self.client, &self.evol, &names, want, SLICE_WAIT) {
             Ok(grants) => {
+                self.failing.store(false, Ordering::Release);
                 let now = self.now();
                 for m in &ask {
                     self.lock(*m).demand = 0;
@@ -627,6 +648,8 @@ impl EvolQos {
             Err(e) => {
                 self.error(e.clone());
                 self.stop_enforcing(e);
+                *self.backoff_until.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Instant::now() + ERROR_BACKOFF.max(self.settings.report_interval));
                 for m in 0..self.members.len() {
                     self.lock(m).starved_since = None;
                 }
@@ -719,8 +742,13 @@ impl EvolQos {
         }
     }
 
-    /// Gives every held slice back (the volume stops).
+    /// Gives every held slice back (the volume stops), unless the arbiter
+    /// is failing: then a call could hold the stop for its whole deadline,
+    /// and the arbiter's idle rule frees the flows anyway.
     fn release_all(&self, link: &mut dyn FlintLink) {
+        if self.failing.load(Ordering::Acquire) {
+            return;
+        }
         let held: Vec<usize> = (0..self.members.len())
             .filter(|&m| self.lock(m).holds)
             .collect();
@@ -877,6 +905,12 @@ impl<T> EvolSched<T> {
     /// Nothing waits here.
     pub fn is_empty(&self) -> bool {
         self.classes.iter().all(EioScheduler::is_empty)
+    }
+
+    /// Whether nothing of `class` waits here (a new I/O of it may skip
+    /// the ranking: there is nothing to rank it against).
+    pub fn class_is_empty(&self, class: NvmeClass) -> bool {
+        self.classes[class.index()].is_empty()
     }
 
     /// The cost of `bytes` of `kind` on `member` in the auction's currency.
@@ -1159,8 +1193,13 @@ mod tests {
         for _ in 0..100 {
             assert!(q.try_admit(&costs(&[(1, 1 << 20)])));
         }
+        // No tight loop of failing calls: the next ask waits its backoff.
+        let asked = fake.with(|a| a.asked.len());
+        assert!(!q.ask_slices(&mut fake.clone()));
+        assert_eq!(fake.with(|a| a.asked.len()), asked);
         // The next grant gates again.
         fake.with(|a| a.fail = None);
+        *q.backoff_until.lock().unwrap() = None;
         assert!(q.ask_slices(&mut fake.clone()));
         assert!(q.status().auction_enforced);
     }

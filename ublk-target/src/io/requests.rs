@@ -587,6 +587,15 @@ impl Requests {
                 }
             }
         }
+        // Nothing of its class waits here nor in the stage: nothing to
+        // rank it against, so it skips eIO's queue when its slices admit
+        // it (the common, uncontended case costs no allocation).
+        if sched.class_is_empty(class)
+            && self.qos.waiting_in(class) == 0
+            && sched.shared().try_admit(&costs)
+        {
+            return self.qos.push(now, pending, kind, bytes, class);
+        }
         // One stream per extent (of this queue): writes to an extent keep
         // their order, different extents reorder freely.
         let stream = pieces.first().map_or(0, |e| e.piece.index);
