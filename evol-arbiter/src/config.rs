@@ -26,6 +26,7 @@
 //!
 //! [view]                            # flint_core::view::ViewConfig
 //! [auction]                         # flint_core::auction::AuctionConfig
+//! epoch_ns = 10000000               # the arbiter's default: 10 ms (gRPC)
 //!
 //! [metrics]
 //! listen = "127.0.0.1:9752"         # optional: Prometheus at /metrics
@@ -265,9 +266,17 @@ impl ArbiterConfig {
             }
             Ok(())
         })?;
-        let auction = flint_table(&cx, raw.auction, "auction", |a: &AuctionConfig| {
+        // flint-core's 1 ms epoch suits its simulated fabric; over gRPC a
+        // slice must outlive a round trip (it expires at the end of the
+        // epoch after the granting one): the arbiter's default is longer.
+        let epoch_given = toml::from_str::<toml::Table>(source)
+            .is_ok_and(|t| t.get("auction").and_then(|a| a.get("epoch_ns")).is_some());
+        let mut auction = flint_table(&cx, raw.auction, "auction", |a: &AuctionConfig| {
             a.validate()
         })?;
+        if !epoch_given {
+            auction.epoch_ns = DEFAULT_AUCTION_EPOCH_NS;
+        }
         let metrics_listen = match &raw.metrics {
             None => None,
             Some(m) => cx.listen_addr(&m.listen, "metrics.listen")?,
@@ -291,6 +300,10 @@ impl ArbiterConfig {
         })
     }
 }
+
+/// The auction's epoch when the config does not set `[auction] epoch_ns`:
+/// 10 ms, well above a gRPC round trip (see `docs/evol.md`).
+pub const DEFAULT_AUCTION_EPOCH_NS: u64 = 10_000_000;
 
 /// A table deserialized straight into a flint-core config: its own
 /// validation's field, prefixed with the table's name, at the table.
@@ -330,6 +343,24 @@ endpoints = ["http://127.0.0.1:2379"]
 
     fn parse(s: &str) -> Result<ArbiterConfig, ConfigError> {
         ArbiterConfig::parse(Path::new("arb.toml"), s)
+    }
+
+    #[test]
+    fn the_auction_epoch_defaults_to_what_outlives_a_round_trip() {
+        assert_eq!(
+            parse(GOOD).unwrap().auction.epoch_ns,
+            DEFAULT_AUCTION_EPOCH_NS
+        );
+        let c = parse(&format!(
+            "{GOOD}\n[view]\nepoch_ns = 5000000\n[auction]\nslice_bytes = 65536\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            (c.auction.epoch_ns, c.auction.slice_bytes, c.view.epoch_ns),
+            (DEFAULT_AUCTION_EPOCH_NS, 65536, 5_000_000)
+        );
+        let c = parse(&format!("{GOOD}\n[auction]\nepoch_ns = 2000000\n")).unwrap();
+        assert_eq!(c.auction.epoch_ns, 2_000_000);
     }
 
     #[test]
