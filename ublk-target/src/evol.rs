@@ -50,6 +50,19 @@
 //!   was in flight or started while it was copied, and the whole copy if
 //!   it missed another write meanwhile. Then the copy is taken off the
 //!   stale set and its mark is deleted (epoch-guarded).
+//! - **A member's unflushed writes.** A target with a volatile write
+//!   cache may lose the writes it acknowledged and no flush covered when
+//!   it crashes. The map counts, per member, the extents with such writes
+//!   ([`ExtentMap::write_acked`], [`ExtentMap::flush_sent`],
+//!   [`ExtentMap::flush_acked`]); when a member's controller goes away
+//!   (a connection fails or it is reset: the engine calls
+//!   [`ExtentMap::member_lost`] once per controller epoch) each of them
+//!   with another readable copy is marked stale like a missed write, and
+//!   a flush is acknowledged only once those marks are durable. An
+//!   extent with one copy has nothing to repair from: as on any volume
+//!   and with the kernel's host, its unflushed writes may be lost with
+//!   the target's cache. The repair flushes the copy it rewrote before it
+//!   clears the mark.
 //! - **Discard never frees an extent** (not in this step): unmapping
 //!   races with this host's own in-flight writes to the extent and with
 //!   the arbiter handing the physical extent to another volume, which
@@ -223,6 +236,20 @@ struct StaleCopy {
     misses: u64,
 }
 
+/// Writes members acknowledged that their volatile write caches may
+/// still hold (see the module docs: "a member's unflushed writes").
+#[derive(Default)]
+struct UnflushedBook {
+    seq: u64,
+    /// Per member: extent -> the sequence number of its last write the
+    /// member acknowledged.
+    members: Vec<HashMap<u64, u64>>,
+    /// Per member: the controller epoch `member_lost` last handled.
+    lost_epoch: Vec<Option<u64>>,
+    /// Stale marks `member_lost` made and flushes wait for.
+    marks: Vec<(u64, usize)>,
+}
+
 #[derive(Default)]
 struct StaleBook {
     copies: HashMap<(u64, usize), StaleCopy>,
@@ -245,6 +272,8 @@ pub struct ExtentMap {
     stale: Mutex<StaleBook>,
     /// Per extent with writes in flight: (in flight, started).
     writes: Mutex<HashMap<u64, (u32, u64)>>,
+    /// Acknowledged writes not yet covered by a flush, per member.
+    unflushed: Mutex<UnflushedBook>,
     /// One etcd stale-mark write at a time.
     etcd: Mutex<()>,
     /// Bumped on every change a parked write may wait for.
@@ -289,6 +318,7 @@ impl ExtentMap {
                 members.len()
             ));
         }
+        let n = members.len();
         Ok(Self {
             name: name.to_owned(),
             extent_bytes,
@@ -297,6 +327,11 @@ impl ExtentMap {
             extents: RwLock::new(HashMap::new()),
             stale: Mutex::new(StaleBook::default()),
             writes: Mutex::new(HashMap::new()),
+            unflushed: Mutex::new(UnflushedBook {
+                members: vec![HashMap::new(); n],
+                lost_epoch: vec![None; n],
+                ..UnflushedBook::default()
+            }),
             etcd: Mutex::new(()),
             version: AtomicU64::new(0),
             used: AtomicU32::new(0),
@@ -466,6 +501,130 @@ impl ExtentMap {
             );
         }
         state
+    }
+
+    /// Member `member` acknowledged a write to extent `index` (not FUA):
+    /// its volatile cache may hold it until the member's next flush.
+    pub fn write_acked(&self, member: usize, index: u64) {
+        let mut u = self.unflushed.lock().unwrap_or_else(|e| e.into_inner());
+        u.seq += 1;
+        let seq = u.seq;
+        if let Some(m) = u.members.get_mut(member) {
+            m.insert(index, seq);
+        }
+    }
+
+    /// A flush is sent to `member`: what it covers, for
+    /// [`ExtentMap::flush_acked`] (every write acknowledged before now).
+    pub fn flush_sent(&self, member: usize) -> u64 {
+        let mut u = self.unflushed.lock().unwrap_or_else(|e| e.into_inner());
+        u.seq += 1;
+        let _ = member;
+        u.seq
+    }
+
+    /// `member` completed the flush [`ExtentMap::flush_sent`] numbered
+    /// `seq`: the writes it acknowledged before are durable there.
+    pub fn flush_acked(&self, member: usize, seq: u64) {
+        let mut u = self.unflushed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = u.members.get_mut(member) {
+            m.retain(|_, s| *s > seq);
+        }
+    }
+
+    /// Extents with a write `member` acknowledged and no flush covered.
+    pub fn unflushed(&self, member: usize) -> usize {
+        let u = self.unflushed.lock().unwrap_or_else(|e| e.into_inner());
+        u.members.get(member).map_or(0, HashMap::len)
+    }
+
+    /// `member`'s controller of epoch `epoch` is gone (a connection
+    /// failed or it was reset): if its target crashed, its volatile cache
+    /// lost the writes it acknowledged and no flush covered. Each such
+    /// extent with another copy is marked stale (reads go to the other
+    /// copy, the repair rewrites this one), and flushes complete only
+    /// once those marks are durable ([`ExtentMap::lost_marks`]). An
+    /// extent with one copy has nothing to repair from: as on any volume
+    /// (and the kernel's host), an unflushed write may be lost with the
+    /// target's cache. Once per (member, epoch); returns the marks made.
+    pub fn member_lost(&self, member: usize, epoch: u64) -> usize {
+        let extents: Vec<u64> = {
+            let mut u = self.unflushed.lock().unwrap_or_else(|e| e.into_inner());
+            match u.lost_epoch.get_mut(member) {
+                Some(e) if *e == Some(epoch) => return 0,
+                Some(e) => *e = Some(epoch),
+                None => return 0,
+            }
+            u.members[member].drain().map(|(i, _)| i).collect()
+        };
+        let mut marks = Vec::new();
+        for index in extents {
+            let Some(m) = self.get(index) else {
+                continue;
+            };
+            if m.pext_of(member).is_some()
+                && m.copies().any(|(c, _)| c != member)
+                && !self.readable(index, &m).without(member).is_empty()
+            {
+                let _ = self.mark_stale(index, member);
+                marks.push((index, member));
+            }
+        }
+        if !marks.is_empty() {
+            log::warn!(
+                "eVol {}: namespace {} went away with {} extents written since its last flush: marked stale (its cache may have lost them)",
+                self.name,
+                self.members.get(member).map_or("?", String::as_str),
+                marks.len()
+            );
+        }
+        let n = marks.len();
+        self.unflushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .marks
+            .extend(marks);
+        n
+    }
+
+    /// Where the marks [`ExtentMap::member_lost`] made stand, all
+    /// together: `Durable` when every one is in etcd (or repaired), the
+    /// first failure, else `Pending`. A flush completes only when they
+    /// are durable.
+    pub fn lost_marks(&self) -> StaleState {
+        let marks = std::mem::take(
+            &mut self
+                .unflushed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .marks,
+        );
+        let mut keep = Vec::new();
+        let mut failed = None;
+        for (index, member) in marks {
+            match self.stale_state(index, member) {
+                StaleState::Durable => {}
+                StaleState::Pending => keep.push((index, member)),
+                StaleState::Failed(why) => {
+                    // The flush waiting for it fails now; the mark is
+                    // recorded again for the next one.
+                    failed.get_or_insert(why);
+                    let _ = self.mark_stale(index, member);
+                    keep.push((index, member));
+                }
+            }
+        }
+        let pending = !keep.is_empty();
+        self.unflushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .marks
+            .extend(keep);
+        match (failed, pending) {
+            (Some(why), _) => StaleState::Failed(why),
+            (None, true) => StaleState::Pending,
+            (None, false) => StaleState::Durable,
+        }
     }
 
     /// Where copy `member` of extent `index`'s durable stale mark stands.
@@ -837,6 +996,8 @@ pub trait MemberIo: Send + Sync {
     fn read(&self, m: usize, at: u64, buf: &mut [u8]) -> Result<(), String>;
     /// Write `data` to member `m`'s namespace at byte `at`.
     fn write(&self, m: usize, at: u64, data: &[u8]) -> Result<(), String>;
+    /// Flush member `m`'s namespace (its volatile cache, if any).
+    fn flush(&self, m: usize) -> Result<(), String>;
 }
 
 /// Bytes the repair copies per command at most.
@@ -1082,7 +1243,15 @@ impl ExtentMap {
             pacer.pace(n);
             off += n as u64;
         }
-        Ok(())
+        // The copy leaves the stale set only once durable: a mark cleared
+        // while the repaired data sits in a volatile cache could be lost
+        // with it, unmarked.
+        io.flush(member).map_err(|e| {
+            format!(
+                "flushing the repaired copy on {}: {e}",
+                self.members[member]
+            )
+        })
     }
 }
 
@@ -1173,5 +1342,34 @@ mod tests {
         let m = ExtentMap::new("v", 8 * E, E, vec!["a".into()]).unwrap();
         let seen = m.request(1);
         assert!(matches!(m.allocation(1, seen), AllocState::Failed(_)));
+    }
+
+    #[test]
+    fn a_lost_member_marks_only_its_unflushed_extents_with_another_copy() {
+        let m = ExtentMap::new("v", 8 * E, E, vec!["a".into(), "b".into()]).unwrap();
+        m.insert(&rec(0, &[("a", 0), ("b", 0)])).unwrap();
+        m.insert(&rec(1, &[("a", 1)])).unwrap();
+        m.insert(&rec(2, &[("a", 2), ("b", 1)])).unwrap();
+        for i in 0..3 {
+            m.write_acked(0, i);
+        }
+        m.write_acked(1, 2);
+        let covers = m.flush_sent(0);
+        // Acknowledged after the flush was sent: not covered by it.
+        m.write_acked(0, 2);
+        m.flush_acked(0, covers);
+        assert_eq!((m.unflushed(0), m.unflushed(1)), (1, 1));
+        // Extent 2's copy on a may be lost with a's cache: stale, reads
+        // go to b; extent 0 was flushed, extent 1 has no other copy.
+        assert_eq!(m.member_lost(0, 7), 1);
+        assert_eq!(m.stale_copies(), 1);
+        let two = m.get(2).unwrap();
+        assert_eq!(m.readable(2, &two), ReplicaSet::one(1));
+        assert_eq!(m.readable(0, &m.get(0).unwrap()).bits(), 0b11);
+        // Once per controller epoch; the member starts over.
+        assert_eq!(m.member_lost(0, 7), 0);
+        assert_eq!(m.unflushed(0), 0);
+        // No recorder here: the marks' record fails, so would a flush.
+        assert!(matches!(m.lost_marks(), StaleState::Failed(_)));
     }
 }

@@ -367,6 +367,11 @@ impl crate::evol::MemberIo for ControllerIo {
         let (c, nsid, bs) = &self.members[m];
         c.write(*nsid, at / bs, data).map_err(|e| e.to_string())
     }
+
+    fn flush(&self, m: usize) -> Result<(), String> {
+        let (c, nsid, _) = &self.members[m];
+        c.flush(*nsid).map_err(|e| e.to_string())
+    }
 }
 
 /// The allocator of an eVol's first writes: the elected `evol-arbiter`,

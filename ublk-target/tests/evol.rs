@@ -659,6 +659,8 @@ fn allocations_go_through_etcd_and_the_watch_brings_others_mappings() {
 struct FakeIo {
     links: Vec<Mutex<(Queue<Vec<u8>>, FakeConnection)>>,
     up: Vec<std::sync::atomic::AtomicBool>,
+    /// Flushes per member.
+    flushes: Vec<AtomicU64>,
 }
 
 impl FakeIo {
@@ -674,6 +676,7 @@ impl FakeIo {
             up: (0..MEMBERS)
                 .map(|_| std::sync::atomic::AtomicBool::new(true))
                 .collect(),
+            flushes: (0..MEMBERS).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -731,6 +734,12 @@ impl MemberIo for FakeIo {
             fua: false,
         };
         self.io(m, cmd, data.to_vec()).map(|_| ())
+    }
+
+    fn flush(&self, m: usize) -> Result<(), String> {
+        self.flushes[m].fetch_add(1, Ordering::SeqCst);
+        self.io(m, Command::Flush { nsid: 1 }, Vec::new())
+            .map(|_| ())
     }
 }
 
@@ -1071,4 +1080,120 @@ fn the_auction_holds_a_mapped_write_until_a_slice_arrives_and_the_view_counts_it
             .sum();
         writes == u64::from(tag) + 1
     });
+}
+
+/// A stale store whose records wait until the test opens it.
+#[derive(Default)]
+struct GatedStore {
+    open: Mutex<bool>,
+    puts: Mutex<Vec<(u64, Vec<Placement>)>>,
+}
+
+impl StaleStore for GatedStore {
+    fn put(&self, index: u64, copies: &[Placement]) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !*self.open.lock().unwrap() {
+            assert!(Instant::now() < deadline, "the store was never opened");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.puts.lock().unwrap().push((index, copies.to_vec()));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_member_lost_with_unflushed_writes_is_marked_stale_and_flushes_wait_for_the_mark() {
+    let mut r = Rig::new(&NONE, Duration::from_secs(30));
+    r.map(0, &[(0, 0), (1, 0)]);
+    r.map(1, &[(0, 1), (1, 1)]);
+    let store = Arc::new(GatedStore::default());
+    let _health = HealthThread::start(
+        Arc::clone(&r.map),
+        Arc::clone(&store) as Arc<dyn StaleStore>,
+        None,
+        0,
+    )
+    .unwrap();
+    let d = pattern(4096, 3);
+    r.write(0, 0, &d);
+    assert!(r.wait(0));
+    // A flush covers extent 0 on both members; extent 1 is written after.
+    r.submit(1, Command::Flush { nsid: 1 }, 0, LimitKind::Other, None);
+    assert!(r.wait(1));
+    r.write(2, EXT, &d);
+    assert!(r.wait(2));
+    assert_eq!((r.map.unflushed(0), r.map.unflushed(1)), (1, 1));
+    // Member 0's controller goes away (its target may have lost its
+    // cache): only extent 1's copy there is suspect.
+    assert_eq!(r.map.member_lost(0, 1), 1);
+    let reads = r.net.sent.clone();
+    r.read(3, EXT, 4096);
+    assert!(r.wait(3));
+    assert_eq!(r.bufs[3][..4096], d[..]);
+    assert_eq!(
+        (r.net.sent[0] - reads[0], r.net.sent[1] - reads[1]),
+        (0, 1),
+        "the suspect copy serves no reads"
+    );
+    // A flush completes on every member, yet is acknowledged only once
+    // the mark is durable.
+    r.submit(4, Command::Flush { nsid: 1 }, 0, LimitKind::Other, None);
+    for _ in 0..20 {
+        r.tick();
+        assert!(
+            r.req.take_result(4).is_none(),
+            "acknowledged before the mark"
+        );
+    }
+    *store.open.lock().unwrap() = true;
+    assert!(r.wait(4));
+    let puts = store.puts.lock().unwrap().clone();
+    assert_eq!(puts.len(), 1, "{puts:?}");
+    assert_eq!(
+        puts[0],
+        (
+            1,
+            vec![Placement {
+                namespace: ns(0),
+                pext: 1
+            }]
+        )
+    );
+}
+
+#[test]
+fn a_repaired_copy_is_flushed_before_its_mark_is_cleared() {
+    let faults = [
+        Some((Fault::ErrorStatus, Trigger::NthIo(0))),
+        None,
+        None,
+        None,
+    ];
+    let mut r = Rig::new(&faults, Duration::from_secs(30));
+    r.map(0, &[(0, 0), (1, 0)]);
+    let io = FakeIo::new(&r);
+    let store = Arc::new(GatedStore::default());
+    *store.open.lock().unwrap() = true;
+    let _health = HealthThread::start(
+        Arc::clone(&r.map),
+        Arc::clone(&store) as Arc<dyn StaleStore>,
+        Some(io.clone() as Arc<dyn MemberIo>),
+        0,
+    )
+    .unwrap();
+    let d = pattern(4096, 5);
+    r.write(0, 0, &d);
+    assert!(r.wait(0), "acknowledged with the other copy's success");
+    wait_for("the repair", || r.map.stale_copies() == 0);
+    assert!(
+        io.flushes[0].load(Ordering::SeqCst) >= 1,
+        "the repaired copy was flushed"
+    );
+    assert_eq!(r.raw(0, 0, 0, 4096), d);
+    let puts = store.puts.lock().unwrap().clone();
+    assert_eq!(
+        puts.last().map(|p| p.1.is_empty()),
+        Some(true),
+        "mark cleared: {puts:?}"
+    );
 }

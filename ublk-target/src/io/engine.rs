@@ -498,6 +498,11 @@ impl Engine {
         self.volume.replicas[r]
             .ctrl
             .report_failure(path.epoch, &err);
+        if let Some(ev) = &self.volume.evol {
+            // Its target may have crashed with acknowledged writes in a
+            // volatile cache: their copies there become stale.
+            ev.map.member_lost(r, path.epoch);
+        }
         c.queue.close();
         let _ = c.sock.shutdown(Shutdown::Both);
         let mut unfinished = c.queue.take_unfinished();

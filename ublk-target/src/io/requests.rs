@@ -207,6 +207,12 @@ struct EvolState {
     /// Flint's eIO schedulers and auction gate before the QoS stage
     /// (see [`crate::evol_qos`]); `None`: straight to the QoS stage.
     sched: Option<EvolSched<EvolQueued>>,
+    /// Per tag, per member: what the flush sent there covers
+    /// ([`ExtentMap::flush_sent`]).
+    flush_seq: Vec<[u64; MAX_MEMBERS]>,
+    /// Flushes done on every member, waiting until the stale marks of
+    /// members lost with unflushed writes are durable: (tag, since).
+    flush_waits: Vec<(u16, Instant)>,
 }
 
 /// A mapped eVol request waiting in eIO, with what the QoS stage takes.
@@ -388,6 +394,8 @@ impl Requests {
             seen_version: 0,
             missed: Vec::new(),
             sched: flint.map(EvolSched::new),
+            flush_seq: vec![[0; MAX_MEMBERS]; depth],
+            flush_waits: Vec::new(),
         });
     }
 
@@ -815,6 +823,64 @@ impl Requests {
         self.pump(now, sink);
     }
 
+    /// A flush done on every member: whether it must wait for the stale
+    /// marks of members lost with unflushed writes (then it is held in
+    /// `flush_waits`, completed by `evol_missed_tick`).
+    fn evol_flush_must_wait(&mut self, tag: u16) -> bool {
+        let Some(ev) = self.evol.as_mut() else {
+            return false;
+        };
+        match ev.map.lost_marks() {
+            evol::StaleState::Durable => false,
+            _ => {
+                ev.flush_waits.push((tag, Instant::now()));
+                true
+            }
+        }
+    }
+
+    /// Complete the held flushes once the lost members' marks are
+    /// durable; fail them when a mark failed or took longer than `limit`.
+    fn evol_flush_tick(&mut self, limit: std::time::Duration) {
+        let Some(ev) = self.evol.as_mut() else {
+            return;
+        };
+        if ev.flush_waits.is_empty() {
+            return;
+        }
+        let state = ev.map.lost_marks();
+        let waits = std::mem::take(&mut ev.flush_waits);
+        let mut keep = Vec::new();
+        let mut done = Vec::new();
+        for (tag, since) in waits {
+            match &state {
+                evol::StaleState::Durable => done.push((tag, true)),
+                evol::StaleState::Failed(why) => {
+                    log::error!(
+                        "{}: recording a lost member's unflushed extents stale failed: {why}; failing the flush",
+                        self.name
+                    );
+                    done.push((tag, false));
+                }
+                evol::StaleState::Pending if since.elapsed() > limit => {
+                    log::error!(
+                        "{}: etcd did not record a lost member's unflushed extents stale within {} s; failing the flush",
+                        self.name,
+                        limit.as_secs_f64()
+                    );
+                    done.push((tag, false));
+                }
+                evol::StaleState::Pending => keep.push((tag, since)),
+            }
+        }
+        if let Some(ev) = self.evol.as_mut() {
+            ev.flush_waits.extend(keep);
+        }
+        for (tag, ok) in done {
+            self.finish(tag, ok);
+        }
+    }
+
     /// Release the write parts whose copy's stale mark etcd now records;
     /// fail those whose record failed or took longer than the bound
     /// (`health_wait` in cluster mode, else `alloc_wait`): not
@@ -825,6 +891,7 @@ impl Requests {
             (None, Some(ev)) => ev.wait,
             (None, None) => return,
         };
+        self.evol_flush_tick(limit);
         let Some(ev) = self.evol.as_mut() else {
             return;
         };
@@ -1147,6 +1214,13 @@ impl Requests {
                             }
                         }
                     }
+                    let flush = matches!(
+                        self.tags[usize::from(tag)]
+                            .pending
+                            .as_ref()
+                            .map(|p| &p.command),
+                        Some(Command::Flush { .. })
+                    );
                     if self.evol.is_some() {
                         // The request's one QoS charge: a latency sample
                         // on success, given back otherwise.
@@ -1157,6 +1231,9 @@ impl Requests {
                             } else {
                                 self.qos.release(&mut t, 0);
                             }
+                        }
+                        if ok && flush && self.evol_flush_must_wait(tag) {
+                            continue;
                         }
                     }
                     self.finish(tag, ok)
@@ -1236,7 +1313,7 @@ impl Requests {
     fn send_evol_part(&mut self, part: PartId, sink: &mut impl PartSink) {
         let t = usize::from(part.tag);
         let st = &self.tags[t];
-        let (Some(pending), Some(ev)) = (st.pending.as_ref(), self.evol.as_ref()) else {
+        let (Some(pending), Some(ev)) = (st.pending.as_ref(), self.evol.as_mut()) else {
             debug_assert!(false, "part of a tag with no request");
             return;
         };
@@ -1245,6 +1322,7 @@ impl Requests {
         let class = st.class.unwrap_or(NvmeClass::Medium);
         let user_data = part.user_data();
         if let Command::Flush { .. } = pending.command {
+            ev.flush_seq[t][member] = ev.map.flush_sent(member);
             let req = Request {
                 command: Command::Flush { nsid },
                 buf: None,
@@ -1323,6 +1401,26 @@ impl Requests {
                 user_data,
             },
         );
+    }
+
+    /// eVol part `part` completed: a write its member may hold in a
+    /// volatile cache is noted, a flush clears what it covered (see
+    /// [`ExtentMap::member_lost`]).
+    fn evol_acked(&self, part: PartId) {
+        let t = usize::from(part.tag);
+        let (Some(ev), Some(pending)) = (self.evol.as_ref(), self.tags[t].pending.as_ref()) else {
+            return;
+        };
+        let member = usize::from(part.copy);
+        match pending.command {
+            Command::Flush { .. } => ev.map.flush_acked(member, ev.flush_seq[t][member]),
+            Command::Read { .. } | Command::Write { fua: true, .. } => {}
+            Command::Write { .. } | Command::WriteZeroes { .. } | Command::Raw(_) => {
+                if let Some(e) = ev.pieces[t].get(usize::from(part.piece)) {
+                    ev.map.write_acked(member, e.piece.index);
+                }
+            }
+        }
     }
 
     /// Counts eVol part `part`'s completion at `now` for the view agent
@@ -1418,6 +1516,7 @@ impl Requests {
             }
             if ok {
                 self.evol_record(now, part);
+                self.evol_acked(part);
             }
             let readable = self.readable_for(part);
             self.fan.answered(part, ok, readable);
