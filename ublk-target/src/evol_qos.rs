@@ -921,22 +921,30 @@ impl<T> EvolSched<T> {
         }
     }
 
+    /// Takes the agent's new costs and victims, if any (a version check
+    /// under a read lock: no copy unless they changed).
     fn refresh(&mut self) {
-        let (costs, version) = self.shared.costs();
-        if version != self.costs_version {
-            self.costs_version = version;
-            for (m, c) in costs.iter().enumerate() {
-                for s in &mut self.classes {
-                    s.set_namespace_cost(NamespaceId(m as u32), *c);
+        {
+            let g = self.shared.costs.read().unwrap_or_else(|e| e.into_inner());
+            if g.1 != self.costs_version {
+                self.costs_version = g.1;
+                self.costs.clone_from(&g.0);
+                for (m, c) in g.0.iter().enumerate() {
+                    for s in &mut self.classes {
+                        s.set_namespace_cost(NamespaceId(m as u32), *c);
+                    }
                 }
             }
-            self.costs = costs;
         }
-        let (victims, version) = self.shared.victims();
-        if version != self.victims_version {
-            self.victims_version = version;
+        let g = self
+            .shared
+            .victims
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        if g.1 != self.victims_version {
+            self.victims_version = g.1;
             for s in &mut self.classes {
-                s.on_bottleneck_report(victims.iter().copied());
+                s.on_bottleneck_report(g.0.iter().copied());
             }
         }
     }
