@@ -7,9 +7,7 @@
 //! deadline.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,79 +17,8 @@ use evol_arbiter::client::{ArbiterClient, ArbiterError, ClientOptions};
 use evol_arbiter::pb;
 use evol_arbiter::pb::arbiter_client::ArbiterClient as Rpc;
 
-const BIN: &str = env!("CARGO_BIN_EXE_evol-arbiter");
-const LONG: Duration = Duration::from_secs(90);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// An arbiter process; SIGKILLed when dropped.
-struct Arb {
-    id: String,
-    addr: String,
-    child: Child,
-}
-
-impl Arb {
-    fn start(dir: &Path, id: &str, etcd: &EtcdCluster, prefix: &str) -> Arb {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
-        let cfg = format!(
-            "id = \"{id}\"\nlisten = \"{addr}\"\n\n[etcd]\nendpoints = [{}]\nprefix = \"{prefix}\"\nlease_ttl = 2\nop_timeout_ms = 200\n",
-            endpoints.join(", ")
-        );
-        let path = dir.join(format!("{id}.toml"));
-        std::fs::write(&path, cfg).unwrap();
-        let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
-        let child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting evol-arbiter");
-        Arb {
-            id: id.to_owned(),
-            addr,
-            child,
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Arb {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + LONG;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn client(etcd: &EtcdCluster, prefix: &str) -> ArbiterClient {
-    let mut o = ClientOptions::new(etcd.endpoints(), prefix);
-    o.rpc_timeout = Duration::from_secs(3);
-    o.call_timeout = LONG;
-    ArbiterClient::connect(o).unwrap()
-}
+mod common;
+use common::{client, wait_for, Arb, BIN, LONG};
 
 /// The leader's id, once one leads.
 fn leader(etcd: &EtcdCluster, prefix: &str) -> String {
