@@ -380,3 +380,20 @@ fn config_errors_name_file_line_and_field() {
         "{err}"
     );
 }
+
+/// The config the package installs as /etc/evol-arbiter/arbiter.toml, as
+/// the operator checks it (packaging/check-debs runs the same command on
+/// the installed file).
+#[test]
+fn the_shipped_config_passes_check_config() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/arbiter.toml");
+    let out = Command::new(BIN)
+        .args(["check-config", "--config", path])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "arbiter arbiter-1 on 127.0.0.1:7450, etcd http://127.0.0.1:2379 (prefix /ublk-nvmf, lease 5 s), extents of 2097152 bytes\n"
+    );
+}
