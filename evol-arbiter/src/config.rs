@@ -373,6 +373,49 @@ endpoints = ["http://127.0.0.1:2379"]
     }
 
     #[test]
+    fn the_shipped_example_parses() {
+        // Packaged as /etc/evol-arbiter/arbiter.toml (a conffile).
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/arbiter.toml");
+        let c = ArbiterConfig::load(&p).unwrap();
+        assert_eq!(c.id, "arbiter-1");
+        assert_eq!(c.listen, "127.0.0.1:7450".parse().unwrap());
+        assert_eq!(c.advertise, None);
+        assert_eq!(c.etcd.endpoints, ["http://127.0.0.1:2379"]);
+        assert_eq!(c.etcd.prefix, DEFAULT_PREFIX);
+        assert_eq!(c.etcd.lease_ttl, Duration::from_secs(5));
+        assert_eq!(c.extent_bytes, cluster_store::evol::DEFAULT_EXTENT_BYTES);
+        assert_eq!(c.metrics_listen, None);
+        assert_eq!(c.placement, PlacementWeights::default());
+        assert_eq!(c.view, ViewConfig::default());
+        assert_eq!(c.auction, AuctionConfig::default());
+
+        // The commented-out tuning tables claim to show the defaults:
+        // uncommented, they must parse to exactly the defaults.
+        let text = std::fs::read_to_string(&p).unwrap();
+        let (head, tuning) = text.split_once("# The rest tunes").unwrap();
+        let uncommented: String = tuning
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| l.starts_with('[') || l.contains(" = "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(uncommented.contains("[auction]"), "{uncommented}");
+        let t = parse(&format!("{head}{uncommented}")).unwrap();
+        assert_eq!(t.placement, PlacementWeights::default());
+        let d = Profile::default();
+        assert_eq!(
+            (
+                t.profile.read_bytes_per_sec,
+                t.profile.read_iops,
+                t.profile.port_bytes_per_sec
+            ),
+            (d.read_bytes_per_sec, d.read_iops, d.port_bytes_per_sec)
+        );
+        assert_eq!(t.view, ViewConfig::default());
+        assert_eq!(t.auction, AuctionConfig::default());
+    }
+
+    #[test]
     fn errors_name_file_line_and_field() {
         let e = parse(&format!("{GOOD}lease_ttl = 1\n")).unwrap_err();
         assert!(e.to_string().starts_with("arb.toml:6:"), "{e}");

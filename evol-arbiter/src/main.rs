@@ -33,7 +33,8 @@ struct Cli {
 enum Command {
     /// Serve (campaign for leadership, answer the RPC) until SIGTERM/SIGINT.
     Run {
-        /// The TOML configuration (see the crate's config module docs).
+        /// The TOML configuration (annotated in
+        /// /etc/evol-arbiter/arbiter.toml as packaged).
         #[arg(short, long)]
         config: PathBuf,
     },
@@ -164,6 +165,16 @@ enum VolumeCommand {
 const MAN: cli_docs::ManInfo = cli_docs::ManInfo {
     section: "8",
     sections: &[
+        cli_docs::Section {
+            title: "FILES",
+            entries: &[(
+                "/etc/evol-arbiter/arbiter.toml",
+                "The configuration the systemd unit evol-arbiter.service serves, installed \
+                 annotated as a conffile: one arbiter on loopback with a local etcd member. \
+                 Give every host's arbiter its own id, an address the clients reach and the \
+                 cluster's etcd endpoints; check it with evol-arbiter check-config.",
+            )],
+        },
         cli_docs::Section {
             title: "ENVIRONMENT",
             entries: &[

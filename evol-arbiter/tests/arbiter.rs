@@ -7,9 +7,7 @@
 //! deadline.
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,79 +17,8 @@ use evol_arbiter::client::{ArbiterClient, ArbiterError, ClientOptions};
 use evol_arbiter::pb::arbiter_client::ArbiterClient as Rpc;
 use evol_arbiter::{limits, pb};
 
-const BIN: &str = env!("CARGO_BIN_EXE_evol-arbiter");
-const LONG: Duration = Duration::from_secs(90);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// An arbiter process; SIGKILLed when dropped.
-struct Arb {
-    id: String,
-    addr: String,
-    child: Child,
-}
-
-impl Arb {
-    fn start(dir: &Path, id: &str, etcd: &EtcdCluster, prefix: &str) -> Arb {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
-        let cfg = format!(
-            "id = \"{id}\"\nlisten = \"{addr}\"\n\n[etcd]\nendpoints = [{}]\nprefix = \"{prefix}\"\nlease_ttl = 2\nop_timeout_ms = 200\n",
-            endpoints.join(", ")
-        );
-        let path = dir.join(format!("{id}.toml"));
-        std::fs::write(&path, cfg).unwrap();
-        let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
-        let child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting evol-arbiter");
-        Arb {
-            id: id.to_owned(),
-            addr,
-            child,
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Arb {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + LONG;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn client(etcd: &EtcdCluster, prefix: &str) -> ArbiterClient {
-    let mut o = ClientOptions::new(etcd.endpoints(), prefix);
-    o.rpc_timeout = Duration::from_secs(3);
-    o.call_timeout = LONG;
-    ArbiterClient::connect(o).unwrap()
-}
+mod common;
+use common::{client, wait_for, Arb, BIN, LONG};
 
 /// The leader's id, once one leads.
 fn leader(etcd: &EtcdCluster, prefix: &str) -> String {
@@ -499,5 +426,22 @@ fn config_errors_name_file_line_and_field() {
     assert!(
         err.contains("bad.toml:7:") && err.contains("placement.busy"),
         "{err}"
+    );
+}
+
+/// The config the package installs as /etc/evol-arbiter/arbiter.toml, as
+/// the operator checks it (packaging/check-debs runs the same command on
+/// the installed file).
+#[test]
+fn the_shipped_config_passes_check_config() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/arbiter.toml");
+    let out = Command::new(BIN)
+        .args(["check-config", "--config", path])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "arbiter arbiter-1 on 127.0.0.1:7450, etcd http://127.0.0.1:2379 (prefix /ublk-nvmf, lease 5 s), extents of 2097152 bytes\n"
     );
 }

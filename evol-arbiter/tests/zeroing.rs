@@ -8,24 +8,24 @@
 //! No timing assertions: every wait is on a condition with a generous
 //! deadline.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cluster_store::evol::{check, EvolKeys, PoolView};
 use cluster_store::records::{VolumeKeys, VolumeSpec};
 use cluster_store::testing::EtcdCluster;
 use cluster_store::{AttachMode, Store};
-use evol_arbiter::client::{ArbiterClient, ArbiterError, ClientOptions};
+use evol_arbiter::client::{ArbiterClient, ArbiterError};
 use evol_arbiter::pb;
 use gimbal_target::config::TargetConfig;
 use gimbal_target::server::{spawn, TargetHandle};
 use nvmf_initiator::blocking::{ConnectOptions, Controller};
 use tonic::Code;
 
-const BIN: &str = env!("CARGO_BIN_EXE_evol-arbiter");
-const LONG: Duration = Duration::from_secs(90);
+mod common;
+use common::{client, free_port, wait_for, Arb, LONG};
+
 const NQN: &str = "nqn.2026-01.io.test:zeroing";
 const EXTENT: u64 = 2 << 20;
 /// Extents per eVol.
@@ -33,47 +33,6 @@ const EXTENTS: u64 = 4;
 /// Extents of the namespace: two eVols' worth.
 const NS_EXTENTS: u64 = 2 * EXTENTS;
 const PREFIX: &str = "/zero";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// An arbiter process; SIGKILLed when dropped.
-struct Arb(Child);
-
-impl Arb {
-    fn start(dir: &Path, id: &str, etcd: &EtcdCluster) -> Arb {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
-        let cfg = format!(
-            "id = \"{id}\"\nlisten = \"{addr}\"\n\n[etcd]\nendpoints = [{}]\nprefix = \"{PREFIX}\"\nlease_ttl = 2\nop_timeout_ms = 200\n",
-            endpoints.join(", ")
-        );
-        let path = dir.join(format!("{id}.toml"));
-        std::fs::write(&path, cfg).unwrap();
-        let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
-        let child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting evol-arbiter");
-        Arb(child)
-    }
-}
-
-impl Drop for Arb {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The target on `port` (retried while the port is still held by the
 /// previous instance), its namespace a file of `NS_EXTENTS` extents.
@@ -87,17 +46,6 @@ fn target(port: u16, image: &Path) -> TargetHandle {
     wait_for("the target to start", || {
         spawn(TargetConfig::parse(Path::new("t.toml"), &toml).expect("target config")).ok()
     })
-}
-
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + LONG;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn host(port: u16) -> Controller {
@@ -145,11 +93,8 @@ fn freed_extents_are_zeroed_before_reuse_across_a_failover_and_owned_evols_stay(
     let port = free_port();
     let t = target(port, &image);
     let store = etcd.store(Duration::from_secs(5)).unwrap();
-    let a = Arb::start(dir.path(), "a", &etcd);
-    let mut o = ClientOptions::new(etcd.endpoints(), PREFIX);
-    o.rpc_timeout = Duration::from_secs(3);
-    o.call_timeout = LONG;
-    let c = ArbiterClient::connect(o).unwrap();
+    let a = Arb::start(dir.path(), "a", &etcd, PREFIX);
+    let c = client(&etcd, PREFIX);
     c.add_namespace(&pb::AddNamespaceRequest {
         id: "ns0".into(),
         target: "t0".into(),
@@ -213,7 +158,7 @@ fn freed_extents_are_zeroed_before_reuse_across_a_failover_and_owned_evols_stay(
 
     // The leader dies; the next one reads the zeroing state from etcd.
     drop(a);
-    let _b = Arb::start(dir.path(), "b", &etcd);
+    let _b = Arb::start(dir.path(), "b", &etcd, PREFIX);
     wait_for("arbiter b to lead", || {
         store
             .leader(&EvolKeys::new(PREFIX))

@@ -19,8 +19,8 @@ use cluster_store::records::SCHEMA;
 use cluster_store::testing::EtcdCluster;
 use cluster_store::watch::{ExtentEvent, ExtentWatch};
 use cluster_store::{AttachMode, Store, StoreConfig, VolumeKeys, VolumeSpec};
-use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget, Fault, Trigger};
-use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
+use nvmf_initiator::fake_target::{FakeConnection, FakeTarget, Fault, Trigger};
+use nvmf_initiator::{Command, Event, Queue, Request};
 use qos_core::priority::NvmeClass;
 use ublk_target::evol::{
     AllocatorThread, EtcdStaleStore, ExtentAllocator, ExtentMap, HealthThread, MemberIo, StaleStore,
@@ -30,8 +30,10 @@ use ublk_target::io::requests::{PartSink, Requests, Submission, TagBuf};
 use ublk_target::qos::{LimitKind, QosConfig, QueueQos, VolumeQos};
 use ublk_target::volume::Stats;
 
+mod common;
+use common::{connect, events, exchange, fake_target, transfer, BS};
+
 const HOST: &str = "nqn.2026-01.io.test:evol-host";
-const BS: u32 = 512;
 /// Extent size of these tests (small, so requests span several).
 const EXT: u64 = 64 * 1024;
 /// Physical extents per namespace.
@@ -67,42 +69,6 @@ impl PartSink for Net {
     fn reset_replica(&mut self, _m: usize) {}
 }
 
-fn exchange<B: AsRef<[u8]> + AsMut<[u8]>>(q: &mut Queue<B>, c: &mut FakeConnection, now: Instant) {
-    for _ in 0..1000 {
-        let mut out = Vec::new();
-        while q.poll_transmit(&mut out, 64 * 1024) > 0 {}
-        if !out.is_empty() {
-            c.handle_bytes(&out);
-        }
-        let back = c.take_output();
-        if !back.is_empty() {
-            q.handle_bytes(now, &back);
-        }
-        if out.is_empty() && back.is_empty() {
-            return;
-        }
-    }
-    panic!("exchange did not settle");
-}
-
-fn connect<B: AsRef<[u8]> + AsMut<[u8]>>(
-    t: &Arc<FakeTarget>,
-    now: Instant,
-) -> (Queue<B>, FakeConnection) {
-    let admin_cfg = QueueConfig::admin(HOST, [9; 16], &t.config().subnqn, 5000);
-    let mut admin: Queue<Vec<u8>> = Queue::new(admin_cfg.clone(), now);
-    let mut ac = t.connection();
-    exchange(&mut admin, &mut ac, now);
-    let mut io = QueueConfig::io(&admin_cfg, 1, admin.cntlid(), DEPTH * 4);
-    io.max_transfer_bytes = 1 << 20;
-    io.in_capsule_bytes = t.config().ioccsz * 16 - 64;
-    let mut q: Queue<B> = Queue::new(io, now);
-    let mut c = t.connection();
-    exchange(&mut q, &mut c, now);
-    assert!(matches!(q.poll_event(), Some(Event::Connected { .. })));
-    (q, c)
-}
-
 fn ns(m: usize) -> String {
     format!("ns{m}")
 }
@@ -120,14 +86,12 @@ impl Rig {
         let now = Instant::now();
         let links = (0..MEMBERS)
             .map(|m| {
-                let t = FakeTarget::new(FakeConfig {
-                    subnqn: format!("nqn.2026-01.io.test:{}", ns(m)),
-                    blocks: PEXTS * EXT / u64::from(BS),
-                    block_size: BS,
-                    fault: faults[m],
-                    ..FakeConfig::default()
-                });
-                let (q, c) = connect(&t, now);
+                let t = fake_target(
+                    format!("nqn.2026-01.io.test:{}", ns(m)),
+                    PEXTS * EXT,
+                    faults[m],
+                );
+                let (q, c) = connect(&t, HOST, DEPTH * 4, now);
                 (t, q, c)
             })
             .collect();
@@ -250,22 +214,8 @@ impl Rig {
             for m in 0..MEMBERS {
                 let now = self.net.now;
                 let (_, q, c) = &mut self.net.links[m];
-                let mut out = Vec::new();
-                while q.poll_transmit(&mut out, 64 * 1024) > 0 {}
-                if !out.is_empty() {
-                    c.handle_bytes(&out);
-                    moved = true;
-                }
-                let back = c.take_output();
-                if !back.is_empty() {
-                    q.handle_bytes(now, &back);
-                    moved = true;
-                }
-                let mut events = Vec::new();
-                while let Some(e) = q.poll_event() {
-                    events.push(e);
-                }
-                for e in events {
+                moved |= transfer(q, c, now);
+                for e in events(q) {
                     if let Event::Completed(done) = e {
                         let qnow = self.req.now(self.net.now);
                         self.req.on_completion(qnow, m, &done, &mut self.net);
@@ -671,7 +621,7 @@ impl FakeIo {
                 .net
                 .links
                 .iter()
-                .map(|(t, _, _)| Mutex::new(connect(t, now)))
+                .map(|(t, _, _)| Mutex::new(connect(t, HOST, DEPTH * 4, now)))
                 .collect(),
             up: (0..MEMBERS)
                 .map(|_| std::sync::atomic::AtomicBool::new(true))

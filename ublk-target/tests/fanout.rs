@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use cluster_store::testing::EtcdCluster;
 use cluster_store::{AttachMode, StoreConfig, VolumeKeys};
-use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget, Fault, Trigger};
-use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
+use nvmf_initiator::fake_target::{FakeConnection, FakeTarget, Fault, Trigger};
+use nvmf_initiator::{Command, Event, Queue, Request};
 use qos_core::priority::NvmeClass;
 use ublk_target::cluster::{self, ClusterLink};
 use ublk_target::config::VolumeConfig;
@@ -24,6 +24,9 @@ use ublk_target::qos::{LimitKind, QueueQos, VolumeQos};
 use ublk_target::replication::intent_log::{Geometry, IntentLog, ReplicaSyncState};
 use ublk_target::replication::Replication;
 use ublk_target::volume::Stats;
+
+mod common;
+use common::{connect, events, fake_target, transfer, BS};
 
 const HOST: &str = "nqn.2026-01.io.test:fanout-host";
 
@@ -37,7 +40,6 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
-const BS: u32 = 512;
 /// Volume (and every namespace) size.
 const SIZE: u64 = 4 << 20;
 const DEPTH: u16 = 8;
@@ -78,45 +80,6 @@ impl PartSink for Net {
     fn reset_replica(&mut self, replica: usize) {
         self.resets.push(replica);
     }
-}
-
-/// Admin Connect, then an I/O queue, against `t`, in memory.
-fn connect(t: &Arc<FakeTarget>, now: Instant) -> (Queue<TagBuf>, FakeConnection) {
-    let admin_cfg = QueueConfig::admin(HOST, [9; 16], &t.config().subnqn, 5000);
-    let mut admin: Queue<Vec<u8>> = Queue::new(admin_cfg.clone(), now);
-    let mut ac = t.connection();
-    exchange(&mut admin, &mut ac, now);
-    assert!(admin.is_live(), "admin queue up");
-    let mut io = QueueConfig::io(&admin_cfg, 1, admin.cntlid(), DEPTH * 2);
-    io.max_transfer_bytes = 1 << 20;
-    io.in_capsule_bytes = t.config().ioccsz * 16 - 64;
-    let mut q: Queue<TagBuf> = Queue::new(io, now);
-    let mut c = t.connection();
-    exchange(&mut q, &mut c, now);
-    assert!(
-        matches!(q.poll_event(), Some(Event::Connected { .. })),
-        "I/O queue up"
-    );
-    (q, c)
-}
-
-/// Move bytes both ways until both sides are quiet.
-fn exchange<B: AsRef<[u8]> + AsMut<[u8]>>(q: &mut Queue<B>, c: &mut FakeConnection, now: Instant) {
-    for _ in 0..1000 {
-        let mut out = Vec::new();
-        while q.poll_transmit(&mut out, 64 * 1024) > 0 {}
-        if !out.is_empty() {
-            c.handle_bytes(&out);
-        }
-        let back = c.take_output();
-        if !back.is_empty() {
-            q.handle_bytes(now, &back);
-        }
-        if out.is_empty() && back.is_empty() {
-            return;
-        }
-    }
-    panic!("exchange did not settle");
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
@@ -217,14 +180,8 @@ impl Rig {
             .iter()
             .enumerate()
             .map(|(r, &fault)| {
-                let target = FakeTarget::new(FakeConfig {
-                    subnqn: format!("nqn.2026-01.io.test:r{r}"),
-                    blocks: SIZE / u64::from(BS),
-                    block_size: BS,
-                    fault,
-                    ..FakeConfig::default()
-                });
-                let conn = Some(connect(&target, now));
+                let target = fake_target(format!("nqn.2026-01.io.test:r{r}"), SIZE, fault);
+                let conn = Some(connect(&target, HOST, DEPTH * 2, now));
                 Link {
                     target,
                     conn,
@@ -328,22 +285,8 @@ impl Rig {
                 let Some((q, c)) = self.net.links[r].conn.as_mut() else {
                     continue;
                 };
-                let mut out = Vec::new();
-                while q.poll_transmit(&mut out, 64 * 1024) > 0 {}
-                if !out.is_empty() {
-                    c.handle_bytes(&out);
-                    moved = true;
-                }
-                let back = c.take_output();
-                if !back.is_empty() {
-                    q.handle_bytes(now, &back);
-                    moved = true;
-                }
-                let mut events = Vec::new();
-                while let Some(e) = q.poll_event() {
-                    events.push(e);
-                }
-                for e in events {
+                moved |= transfer(q, c, now);
+                for e in events(q) {
                     match e {
                         Event::Completed(done) => {
                             let qnow = self.now();
@@ -389,7 +332,7 @@ impl Rig {
         }
         let now = self.net.now;
         let target = Arc::clone(&self.net.links[r].target);
-        self.net.links[r].conn = Some(connect(&target, now));
+        self.net.links[r].conn = Some(connect(&target, HOST, DEPTH * 2, now));
         for req in std::mem::take(&mut self.net.links[r].held) {
             self.net.send(r, NvmeClass::Medium, req);
         }
