@@ -372,6 +372,14 @@ endpoints = ["http://127.0.0.1:2379"]
         assert_eq!(c.placement, PlacementWeights::default());
     }
 
+    /// The auction's defaults as the arbiter sets them (its epoch).
+    fn arbiter_auction_default() -> AuctionConfig {
+        AuctionConfig {
+            epoch_ns: DEFAULT_AUCTION_EPOCH_NS,
+            ..AuctionConfig::default()
+        }
+    }
+
     #[test]
     fn the_shipped_example_parses() {
         // Packaged as /etc/evol-arbiter/arbiter.toml (a conffile).
@@ -387,7 +395,7 @@ endpoints = ["http://127.0.0.1:2379"]
         assert_eq!(c.metrics_listen, None);
         assert_eq!(c.placement, PlacementWeights::default());
         assert_eq!(c.view, ViewConfig::default());
-        assert_eq!(c.auction, AuctionConfig::default());
+        assert_eq!(c.auction, arbiter_auction_default());
 
         // The commented-out tuning tables claim to show the defaults:
         // uncommented, they must parse to exactly the defaults.
@@ -412,7 +420,7 @@ endpoints = ["http://127.0.0.1:2379"]
             (d.read_bytes_per_sec, d.read_iops, d.port_bytes_per_sec)
         );
         assert_eq!(t.view, ViewConfig::default());
-        assert_eq!(t.auction, AuctionConfig::default());
+        assert_eq!(t.auction, arbiter_auction_default());
     }
 
     #[test]
