@@ -49,3 +49,51 @@ etcd_kill() { stop_daemon "etcd$1" KILL; }
 
 # etcd_restart N: member N again, on its data directory.
 etcd_restart() { etcd_member "$1" existing; }
+
+# --- reading keys through etcd's JSON gateway (no etcdctl in the guest) ---
+
+# _etcd_post PATH JSON: POSTs to the first member that answers.
+_etcd_post() {
+    for _n in 0 1 2; do
+        wget -q -O - --post-data "$2" "http://127.0.0.1:$(etcd_client_port $_n)$1" 2>/dev/null && return 0
+    done
+    return 1
+}
+
+# _etcd_b64 STRING
+_etcd_b64() { printf %s "$1" | base64 | tr -d '\n'; }
+
+# _etcd_prefix_range PREFIX: the range request's JSON for every key under
+# PREFIX, which must end in "/" (the range ends at "0", the byte after it).
+_etcd_prefix_range() {
+    case "$1" in */) ;; *) echo "etcd: prefix $1 does not end in /" >&2; return 1 ;; esac
+    echo "\"key\":\"$(_etcd_b64 "$1")\",\"range_end\":\"$(_etcd_b64 "${1%/}0")\""
+}
+
+# etcd_revision: the cluster's current revision (a range read returns it
+# in the header).
+etcd_revision() {
+    _etcd_post /v3/kv/range '{"key":"AA==","limit":1}' |
+        grep -o '"revision":"[0-9]*"' | head -n1 | grep -o '[0-9]*'
+}
+
+# etcd_count PREFIX: how many keys lie under PREFIX (a failed read prints
+# nothing and fails).
+etcd_count() {
+    _r=$(_etcd_prefix_range "$1") || return 1
+    _out=$(_etcd_post /v3/kv/range "{$_r,\"count_only\":true}") || return 1
+    # proto3 JSON leaves zero counts out.
+    _c=$(echo "$_out" | grep -o '"count":"[0-9]*"' | grep -o '[0-9][0-9]*')
+    echo "${_c:-0}"
+}
+
+# etcd_values PREFIX: the values of the keys under PREFIX, one a line, in
+# key order (our records are one-line JSON).
+etcd_values() {
+    _r=$(_etcd_prefix_range "$1") || return 1
+    _out=$(_etcd_post /v3/kv/range "{$_r}") || return 1
+    for _v in $(echo "$_out" | grep -o '"value":"[^"]*"' | cut -d'"' -f4); do
+        echo "$_v" | base64 -d
+        echo
+    done
+}
