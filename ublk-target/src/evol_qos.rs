@@ -169,6 +169,10 @@ pub struct FlintStatus {
     pub slice_waits: u64,
     /// View reports sent.
     pub reports: u64,
+    /// Their vectors the view accepted (known sessions and namespaces,
+    /// not stale).
+    #[serde(default)]
+    pub vectors_accepted: u64,
     /// Calls to the arbiter that failed (reports, queries, slices).
     pub agent_errors: u64,
     /// Members the last bottleneck report named victims.
@@ -181,6 +185,7 @@ struct Counters {
     slices_granted: AtomicU64,
     slice_waits: AtomicU64,
     reports: AtomicU64,
+    vectors_accepted: AtomicU64,
     agent_errors: AtomicU64,
 }
 
@@ -216,13 +221,13 @@ pub struct EvolQos {
 /// The arbiter calls the agent makes (the real one is [`ArbiterLink`];
 /// tests give a fake).
 pub trait FlintLink: Send {
-    /// ReportIo.
+    /// ReportIo: how many vectors the view accepted.
     fn report_io(
         &mut self,
         client: &str,
         evol: &str,
         vectors: &[pb::IoVector],
-    ) -> Result<(), String>;
+    ) -> Result<u32, String>;
     /// RequestSlices: up to `slices` of each of `namespaces`.
     fn request_slices(
         &mut self,
@@ -271,10 +276,10 @@ impl FlintLink for ArbiterLink {
         client: &str,
         evol: &str,
         vectors: &[pb::IoVector],
-    ) -> Result<(), String> {
+    ) -> Result<u32, String> {
         self.client()?
             .report_io(client, evol, vectors)
-            .map(|_| ())
+            .map(|ack| ack.accepted)
             .map_err(|e| format!("ReportIo: {e}"))
     }
 
@@ -540,6 +545,7 @@ impl EvolQos {
             slices_granted: c.slices_granted.load(Ordering::Relaxed),
             slice_waits: c.slice_waits.load(Ordering::Relaxed),
             reports: c.reports.load(Ordering::Relaxed),
+            vectors_accepted: c.vectors_accepted.load(Ordering::Relaxed),
             agent_errors: c.agent_errors.load(Ordering::Relaxed),
             victim_members: {
                 let (v, _) = self.victims();
@@ -663,8 +669,11 @@ impl EvolQos {
         let vectors = self.drain(interval.as_nanos() as u64 / 2);
         if !vectors.is_empty() {
             match link.report_io(&self.client, &self.evol, &vectors) {
-                Ok(()) => {
+                Ok(accepted) => {
                     self.counters.reports.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .vectors_accepted
+                        .fetch_add(u64::from(accepted), Ordering::Relaxed);
                 }
                 Err(e) => self.error(e),
             }
@@ -1033,13 +1042,13 @@ mod tests {
     }
 
     impl FlintLink for Fake {
-        fn report_io(&mut self, c: &str, e: &str, v: &[pb::IoVector]) -> Result<(), String> {
+        fn report_io(&mut self, c: &str, e: &str, v: &[pb::IoVector]) -> Result<u32, String> {
             assert_eq!((c, e), ("host1", "ev"));
             self.with(|a| match &a.fail {
                 Some(f) => Err(f.clone()),
                 None => {
                     a.reports.extend_from_slice(v);
-                    Ok(())
+                    Ok(v.len() as u32)
                 }
             })
         }
@@ -1145,7 +1154,7 @@ mod tests {
         // Drained: the next interval reports only what is new.
         q.report(&mut fake.clone(), Duration::from_millis(100));
         assert_eq!(fake.with(|a| a.reports.len()), 3);
-        assert_eq!(q.status().reports, 1);
+        assert_eq!((q.status().reports, q.status().vectors_accepted), (1, 3));
     }
 
     #[test]

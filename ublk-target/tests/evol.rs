@@ -929,9 +929,9 @@ impl FlintLink for FakeArbiter {
         _: &str,
         _: &str,
         v: &[evol_arbiter::pb::IoVector],
-    ) -> Result<(), String> {
+    ) -> Result<u32, String> {
         self.0.lock().unwrap().1.extend_from_slice(v);
-        Ok(())
+        Ok(v.len() as u32)
     }
     fn request_slices(
         &mut self,

@@ -11,6 +11,8 @@
 # 4. The leading arbiter SIGKILLed during a burst of first writes: the
 #    standby takes over, fio sees no error, `check` finds no extent mapped
 #    twice, and a verify pass reads back every block.
+# Also: the client's view reports are accepted and the auction grants
+# slices (the auction fails open while no arbiter answers: no error).
 # Throughput against the namespaces spanned (K = 1, 2, 4) is a bench:
 # tests/vm/benches/evol-scaling.sh (timed results do not belong in tests).
 . /vm/lib.sh
@@ -52,6 +54,11 @@ for n in t1n1 t1n2 t2n1 t2n2; do
     check_output "extents were placed on $n" "^$n +t[12] .* 32 +[1-9][0-9]* +[0-9]+$" arb pool list
 done
 check "check: the maps are sound" check_map
+# Flint's client side: the agent's aggregated reports reach the view (the
+# arbiter accepted their vectors) and the auction granted slices.
+check_output "the view accepts the client's reports, the auction grants slices" \
+    "evol auction: .* [1-9][0-9]* slices granted, [0-9]* waits; view: [1-9][0-9]* reports ([1-9][0-9]* vectors accepted)" \
+    ublk-nvmf status ev4
 
 # --- 3. warm: I/O on mapped extents writes nothing to etcd --------------------------
 r0=$(etcd_revision)

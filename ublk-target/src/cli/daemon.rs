@@ -495,8 +495,8 @@ fn format_evol(s: &ublk_target::volume::StatsSnapshot) -> String {
             (None, false) => "not enforced".to_owned(),
         };
         out += &format!(
-            "  evol auction: {auction}, {} slices granted, {} waits; view: {} reports, {} arbiter errors, {} victim members\n",
-            f.slices_granted, f.slice_waits, f.reports, f.agent_errors, f.victim_members
+            "  evol auction: {auction}, {} slices granted, {} waits; view: {} reports ({} vectors accepted), {} arbiter errors, {} victim members\n",
+            f.slices_granted, f.slice_waits, f.reports, f.vectors_accepted, f.agent_errors, f.victim_members
         );
     }
     out
