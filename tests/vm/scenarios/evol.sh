@@ -57,7 +57,7 @@ check "check: the maps are sound" check_map
 # Flint's client side: the agent's aggregated reports reach the view (the
 # arbiter accepted their vectors) and the auction granted slices.
 check_output "the view accepts the client's reports, the auction grants slices" \
-    "evol auction: .* [1-9][0-9]* slices granted, [0-9]* waits; view: [1-9][0-9]* reports ([1-9][0-9]* vectors accepted)" \
+    "evol auction: .* [1-9][0-9]* slices granted, [0-9]* waits; view: [1-9][0-9]* reports \\([1-9][0-9]* vectors accepted\\)" \
     ublk-nvmf status ev4
 
 # --- 3. warm: I/O on mapped extents writes nothing to etcd --------------------------
