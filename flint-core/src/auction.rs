@@ -704,10 +704,17 @@ impl ClientSlices {
         }
         self.requested = false;
         if grant.expires_at > now {
-            self.slices.push_back(HeldSlice {
-                bytes: grant.bytes,
-                expires_at: grant.expires_at,
-            });
+            // An overdraw is paid from the next slice as it arrives: a
+            // debt larger than the slices one answer brings must not keep
+            // the room at zero while those slices expire unused.
+            let pay = self.debt.min(grant.bytes);
+            self.debt -= pay;
+            if grant.bytes > pay {
+                self.slices.push_back(HeldSlice {
+                    bytes: grant.bytes - pay,
+                    expires_at: grant.expires_at,
+                });
+            }
         }
     }
 
@@ -952,6 +959,19 @@ mod tests {
         assert_eq!(c.try_admit(Nanos(20), 4096), Admission::Wait);
         c.on_grant(Nanos(30), &grant(1000));
         assert_eq!(c.room(Nanos(30)), 0, "the debt eats the new slice");
+        // The debt is paid as slices arrive, not only by the next I/O:
+        // slices that expire before their sum covers it are not lost to it.
+        c.on_grant(Nanos(2000), &grant(3000));
+        assert_eq!(c.room(Nanos(2000)), 0);
+        // (The overdraw left a debt of just over nine slices.)
+        for _ in 0..7 {
+            c.on_grant(Nanos(2000), &grant(3000));
+        }
+        assert_eq!(c.room(Nanos(2000)), 0, "nine slices paid");
+        c.on_grant(Nanos(2000), &grant(3000));
+        let room = c.room(Nanos(2000));
+        assert!(room > 0 && room < SLICE, "the tenth pays the rest: {room}");
+        assert_eq!(c.try_admit(Nanos(2000), 4096), Admission::Admitted);
         // Slices expire.
         let mut c = ClientSlices::new(SessionId(0), NamespaceId(0), SLICE);
         c.on_grant(Nanos(10), &grant(1000));
