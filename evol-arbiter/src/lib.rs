@@ -17,10 +17,14 @@
 //! [`client::ArbiterClient`] is the blocking client the ublk-nvmf daemon
 //! and the `evol-arbiter` admin commands use: it finds the leader in etcd
 //! and follows it across failovers.
+//!
+//! [`nvme`] is the NVMe/TCP connection to a pool namespace the zeroing
+//! task uses.
 
 pub mod client;
 pub mod config;
 pub mod limits;
+pub mod nvme;
 pub mod server;
 
 /// The generated gRPC types and stubs (`proto/evol_arbiter.proto`).
