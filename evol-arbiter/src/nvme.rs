@@ -1,5 +1,6 @@
-//! NVMe/TCP to a pool namespace, for the leader's zeroing task
-//! (`server::zeroing`) and any other reader or writer of the pool: an `nvmf-initiator` blocking controller with one I/O
+//! NVMe/TCP to a pool namespace, shared by the leader's zeroing task
+//! (`server::zeroing`) and `evol-arbiter check --scan-data`
+//! ([`crate::scan`]): an `nvmf-initiator` blocking controller with one I/O
 //! queue of the Low class (Gimbal schedules it behind the clients'
 //! traffic), that fails fast when the target goes away (the callers retry
 //! or report, each with its own policy).

@@ -7,7 +7,7 @@
 //!
 //! - One connection per namespace ([`crate::nvme::NsConnection`]: an
 //!   `nvmf-initiator` blocking controller with one I/O queue of the Low
-//!   class, shared with other readers of the pool), kept between
+//!   class, shared with `check --scan-data`), kept between
 //!   extents, dropped on any failure and opened again after a backoff
 //!   (0.5 s doubling to 30 s, per namespace).
 //! - Write Zeroes (no deallocate hint) when the controller has it (ONCS
