@@ -17,10 +17,16 @@
 //! [`client::ArbiterClient`] is the blocking client the ublk-nvmf daemon
 //! and the `evol-arbiter` admin commands use: it finds the leader in etcd
 //! and follows it across failovers.
+//!
+//! [`nvme`] is the NVMe/TCP connection to a pool namespace that the
+//! zeroing task and [`scan`] (`evol-arbiter check --scan-data`: free
+//! extents must read all zeros) share.
 
 pub mod client;
 pub mod config;
 pub mod limits;
+pub mod nvme;
+pub mod scan;
 pub mod server;
 
 /// The generated gRPC types and stubs (`proto/evol_arbiter.proto`).

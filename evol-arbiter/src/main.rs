@@ -9,7 +9,7 @@ use cluster_store::evol::{check, EvolKeys};
 use cluster_store::{Store, StoreConfig};
 use evol_arbiter::client::{ArbiterClient, ClientOptions};
 use evol_arbiter::config::{ArbiterConfig, DEFAULT_PREFIX};
-use evol_arbiter::pb;
+use evol_arbiter::{pb, scan};
 
 /// evol-arbiter places the extents of elastic volumes (eVols: volumes of
 /// 2 MiB extents spread over the namespaces of many NVMe/TCP targets, as
@@ -21,7 +21,8 @@ use evol_arbiter::pb;
 /// extents' copies, written to etcd before the answer, and runs the
 /// shadow view's controller and the bandwidth auction. `run` serves;
 /// `pool`, `volume` and `status` talk to the leader; `check` reads etcd
-/// directly and verifies that no physical extent is mapped twice.
+/// directly and verifies that no physical extent is mapped twice (and,
+/// with --scan-data, that every free one reads all zeros).
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
@@ -54,7 +55,9 @@ enum Command {
     Status(Conn),
     /// Verify the extent maps in etcd (no arbiter needed): every copy's
     /// back pointer, no physical extent mapped twice, none beyond its
-    /// namespace, copies on distinct namespaces. Exits 1 on any finding.
+    /// namespace, copies on distinct namespaces. With --scan-data, also
+    /// read every free physical extent over NVMe/TCP: it must be all
+    /// zeros. Exits 1 on any finding.
     Check {
         /// etcd endpoints, comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
@@ -62,6 +65,29 @@ enum Command {
         /// Key prefix.
         #[arg(long, default_value = DEFAULT_PREFIX)]
         prefix: String,
+        /// Also read every physical extent that is free in etcd (no pext
+        /// key: neither mapped nor waiting for zeroing) from its namespace
+        /// over NVMe/TCP, and report each one that is not all zeros as
+        /// "written but unmapped". A client writes only extents the
+        /// arbiter mapped durably, and freed extents are zeroed before
+        /// they are freed, so a free extent holding data means a client
+        /// wrote through a stale map or a bug freed a written extent: every
+        /// written extent is mapped, checked against the drives rather
+        /// than etcd alone. An extent found nonzero is reported only if
+        /// etcd still says it is free when read again (it may have been
+        /// mapped and written meanwhile). A namespace that cannot be
+        /// connected to or read is a finding too. Reads use one I/O queue
+        /// of the low priority class, at most 1 MiB (and the controller's
+        /// maximum transfer) per command; one line is printed per
+        /// namespace scanned.
+        #[arg(long)]
+        scan_data: bool,
+        /// The host NQN --scan-data connects with (a target that allows
+        /// only listed hosts must list it). Default: the system's
+        /// (/etc/nvme/hostnqn), as the arbiter's zeroing and pool add
+        /// connect, else a random one.
+        #[arg(long, requires = "scan_data")]
+        hostnqn: Option<String>,
     },
 }
 
@@ -356,12 +382,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        Command::Check { endpoints, prefix } => {
+        Command::Check {
+            endpoints,
+            prefix,
+            scan_data,
+            hostnqn,
+        } => {
             let store = Store::connect(StoreConfig {
                 endpoints,
                 op_timeout: std::time::Duration::from_secs(5),
             })?;
-            let view = store.read_pool(&EvolKeys::new(&prefix))?;
+            let keys = EvolKeys::new(&prefix);
+            let view = store.read_pool(&keys)?;
             let findings = check(&view);
             println!(
                 "{} namespaces, {} eVols, {} extents mapped, {} physical extents used, {} waiting for zeroing (revision {})",
@@ -375,8 +407,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for f in &findings {
                 println!("FINDING: {f:?}");
             }
-            if !findings.is_empty() {
-                println!("{} finding(s)", findings.len());
+            let mut count = findings.len();
+            if scan_data {
+                let host = hostnqn.as_deref().map(scan::host_identity);
+                let scanned = scan::scan_free_extents(&store, &keys, &view, host.as_ref(), |s| {
+                    println!(
+                        "namespace {}: {} of {} free extents scanned, {} finding(s){}",
+                        s.namespace,
+                        s.scanned,
+                        s.free,
+                        s.findings.len(),
+                        if s.raced > 0 {
+                            format!(" ({} in use since the etcd read, skipped)", s.raced)
+                        } else {
+                            String::new()
+                        }
+                    );
+                    for f in &s.findings {
+                        println!("FINDING: {f}");
+                    }
+                    // Progress, not buffered behind a long scan.
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                });
+                count += scanned.len();
+            }
+            if count > 0 {
+                println!("{count} finding(s)");
                 return Ok(ExitCode::FAILURE);
             }
             println!("no findings");

@@ -5,8 +5,9 @@
 //! and the record) and in the catalog. Until both are done it stays
 //! Zeroing: no allocation takes it, whichever arbiter leads.
 //!
-//! - One connection per namespace (an `nvmf-initiator` blocking
-//!   controller with one I/O queue of the Low class), kept between
+//! - One connection per namespace ([`crate::nvme::NsConnection`]: an
+//!   `nvmf-initiator` blocking controller with one I/O queue of the Low
+//!   class, shared with `check --scan-data`), kept between
 //!   extents, dropped on any failure and opened again after a backoff
 //!   (0.5 s doubling to 30 s, per namespace).
 //! - Write Zeroes (no deallocate hint) when the controller has it (ONCS
@@ -15,18 +16,15 @@
 //! - One extent per namespace at a time, at most [`MAX_JOBS`] at once.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster_store::evol::{NamespaceRecord, PextRecord, Placement, ZeroingOutcome};
-use nvmf_initiator::blocking::{ConnectOptions, Controller, IoQueue};
-use nvmf_initiator::{Command, ReconnectPolicy, Request};
-use nvmf_proto::fabrics::PriorityClass;
-use nvmf_proto::identify::oncs;
+use nvmf_initiator::Command;
 
 use super::Shared;
+use crate::nvme::NsConnection;
 
 /// Extents zeroed at once, over all namespaces.
 pub(super) const MAX_JOBS: usize = 4;
@@ -40,55 +38,19 @@ const ZERO_BUF: u64 = 1 << 20;
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
-/// A connection to one namespace, for zeroing.
+/// A connection to one namespace, for zeroing; whether Write Zeroes
+/// works there (ONCS says so and the first command did not refuse it).
 pub(super) struct Zeroer {
-    record: NamespaceRecord,
-    // The queue before the controller: dropped first.
-    queue: IoQueue,
-    _ctrl: Controller,
-    block_size: u64,
-    blocks: u64,
+    conn: NsConnection,
     write_zeroes: bool,
 }
 
 impl Zeroer {
     fn connect(record: &NamespaceRecord) -> Result<Self, String> {
-        let addr: SocketAddr = record
-            .address
-            .to_socket_addrs()
-            .map_err(|e| format!("address {}: {e}", record.address))?
-            .next()
-            .ok_or_else(|| format!("address {} resolves to nothing", record.address))?;
-        let mut o = ConnectOptions::new(addr, &record.subnqn);
-        o.connect_timeout = Duration::from_secs(5);
-        o.command_timeout = Duration::from_secs(30);
-        o.io_queues = 1;
-        o.queue_depth = 16;
-        // Fail fast: the task reconnects with its own backoff.
-        o.reconnect = ReconnectPolicy {
-            reconnect_delay: Duration::from_secs(1),
-            ctrl_loss_tmo: Some(Duration::from_secs(5)),
-            fast_io_fail_tmo: Some(Duration::ZERO),
-            requeue: false,
-        };
-        let ctrl = Controller::connect(o).map_err(|e| format!("connecting: {e}"))?;
-        let id = ctrl
-            .identify_controller()
-            .map_err(|e| format!("Identify Controller: {e}"))?;
-        let ns = ctrl
-            .identify_namespace(record.nsid)
-            .map_err(|e| format!("Identify Namespace {}: {e}", record.nsid))?;
-        let queue = ctrl
-            .io_queue(PriorityClass::Low)
-            .map_err(|e| format!("I/O queue: {e}"))?;
-        Ok(Zeroer {
-            record: record.clone(),
-            queue,
-            _ctrl: ctrl,
-            block_size: u64::from(ns.block_size),
-            blocks: ns.blocks,
-            write_zeroes: id.oncs & oncs::WRITE_ZEROES != 0,
-        })
+        // The system's host identity, as `pool add`'s discovery.
+        let conn = NsConnection::connect(record, None)?;
+        let write_zeroes = conn.write_zeroes();
+        Ok(Zeroer { conn, write_zeroes })
     }
 
     fn run(
@@ -97,35 +59,15 @@ impl Zeroer {
         buf: Option<Vec<u8>>,
         what: &'static str,
     ) -> Result<(), nvmf_initiator::Error> {
-        self.queue.submit(Request {
-            command,
-            buf,
-            user_data: 0,
-        });
-        let c = self
-            .queue
-            .wait()
-            .ok_or(nvmf_initiator::Error::QueueClosed)?;
-        c.into_result(what).map(|_| ())
+        self.conn.run(command, buf, what).map(|_| ())
     }
 
     /// Overwrites physical extent `pext` with zeros, durably.
     fn zero(&mut self, pext: u64) -> Result<(), String> {
-        let eb = self.record.extent_bytes;
-        let bs = self.block_size;
-        let nsid = self.record.nsid;
-        if bs == 0 || eb % bs != 0 {
-            return Err(format!(
-                "extent of {eb} bytes is not a multiple of the {bs}-byte block"
-            ));
-        }
-        let (first, blocks) = (pext * eb / bs, eb / bs);
-        if first + blocks > self.blocks {
-            return Err(format!(
-                "physical extent {pext} lies beyond the namespace's {} blocks",
-                self.blocks
-            ));
-        }
+        let eb = self.conn.record().extent_bytes;
+        let bs = self.conn.block_size();
+        let nsid = self.conn.record().nsid;
+        let (first, blocks) = self.conn.extent_blocks(pext)?;
         let mut done = 0;
         while self.write_zeroes && done < blocks {
             let n = (blocks - done).min(MAX_WZ_BLOCKS);
@@ -141,7 +83,7 @@ impl Zeroer {
                     // ONCS said yes, the command says no: write zeros.
                     log::warn!(
                         "namespace {}: Write Zeroes failed ({status:?}); zeroing by writes",
-                        self.record.id
+                        self.conn.record().id
                     );
                     self.write_zeroes = false;
                 }
@@ -283,7 +225,7 @@ async fn job(
     let nsr = ns.clone();
     let zeroed = tokio::task::spawn_blocking(move || {
         // A connection to a namespace since moved is opened again.
-        let conn = conn.filter(|z| z.record == nsr);
+        let conn = conn.filter(|z| *z.conn.record() == nsr);
         let mut z = match conn {
             Some(z) => z,
             None => match Zeroer::connect(&nsr) {
