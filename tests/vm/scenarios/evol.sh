@@ -54,6 +54,7 @@ for n in t1n1 t1n2 t2n1 t2n2; do
     check_output "extents were placed on $n" "^$n +t[12] .* 32 +[1-9][0-9]* +[0-9]+$" arb pool list
 done
 check "check: the maps are sound" check_map
+check "check --scan-data: every free extent reads as zeros" arb check --scan-data
 # Flint's client side: the agent's aggregated reports reach the view (the
 # arbiter accepted their vectors) and the auction granted slices.
 check_output "the view accepts the client's reports, the auction grants slices" \
