@@ -25,6 +25,7 @@
 //! port_bytes_per_sec = 3125000000
 //!
 //! [view]                            # flint_core::view::ViewConfig
+//! epoch_ns = 100000000              # the arbiter's default: 100 ms (gRPC)
 //! [auction]                         # flint_core::auction::AuctionConfig
 //! epoch_ns = 10000000               # the arbiter's default: 10 ms (gRPC)
 //!
@@ -256,7 +257,14 @@ impl ArbiterConfig {
             }
             Ok(())
         })?;
-        let view = flint_table(&cx, raw.view, "view", |v: &ViewConfig| {
+        // Likewise the view: clients report aggregated once per epoch over
+        // gRPC, so the arbiter's epoch is longer than flint-core's 10 ms,
+        // and vectors go stale after two epochs unless the config says.
+        let (view_epoch_given, stale_given) = (
+            given(source, "view", "epoch_ns"),
+            given(source, "view", "stale_after_ns"),
+        );
+        let mut view = flint_table(&cx, raw.view, "view", |v: &ViewConfig| {
             v.validate()?;
             if v.max_batch > limits::MAX_REPORT_BATCH {
                 return Err(flint_core::FlintError::invalid(
@@ -269,8 +277,13 @@ impl ArbiterConfig {
         // flint-core's 1 ms epoch suits its simulated fabric; over gRPC a
         // slice must outlive a round trip (it expires at the end of the
         // epoch after the granting one): the arbiter's default is longer.
-        let epoch_given = toml::from_str::<toml::Table>(source)
-            .is_ok_and(|t| t.get("auction").and_then(|a| a.get("epoch_ns")).is_some());
+        if !view_epoch_given {
+            view.epoch_ns = DEFAULT_VIEW_EPOCH_NS;
+        }
+        if !stale_given {
+            view.stale_after_ns = view.epoch_ns.saturating_mul(2);
+        }
+        let epoch_given = given(source, "auction", "epoch_ns");
         let mut auction = flint_table(&cx, raw.auction, "auction", |a: &AuctionConfig| {
             a.validate()
         })?;
@@ -300,6 +313,18 @@ impl ArbiterConfig {
         })
     }
 }
+
+/// Whether the TOML `source` sets `[table] field` (the arbiter's own
+/// defaults differ from flint-core's for a few fields).
+fn given(source: &str, table: &str, field: &str) -> bool {
+    toml::from_str::<toml::Table>(source)
+        .is_ok_and(|t| t.get(table).and_then(|a| a.get(field)).is_some())
+}
+
+/// The view's epoch when the config does not set `[view] epoch_ns`
+/// (100 ms: clients report aggregated once per epoch over gRPC);
+/// `stale_after_ns` is then two epochs unless set.
+pub const DEFAULT_VIEW_EPOCH_NS: u64 = 100_000_000;
 
 /// The auction's epoch when the config does not set `[auction] epoch_ns`:
 /// 10 ms, well above a gRPC round trip (see `docs/evol.md`).
@@ -356,9 +381,15 @@ endpoints = ["http://127.0.0.1:2379"]
         ))
         .unwrap();
         assert_eq!(
-            (c.auction.epoch_ns, c.auction.slice_bytes, c.view.epoch_ns),
-            (DEFAULT_AUCTION_EPOCH_NS, 65536, 5_000_000)
+            (
+                c.auction.epoch_ns,
+                c.auction.slice_bytes,
+                c.view.epoch_ns,
+                c.view.stale_after_ns
+            ),
+            (DEFAULT_AUCTION_EPOCH_NS, 65536, 5_000_000, 10_000_000)
         );
+        assert_eq!(parse(GOOD).unwrap().view, arbiter_view_default());
         let c = parse(&format!("{GOOD}\n[auction]\nepoch_ns = 2000000\n")).unwrap();
         assert_eq!(c.auction.epoch_ns, 2_000_000);
     }
@@ -370,6 +401,15 @@ endpoints = ["http://127.0.0.1:2379"]
         assert_eq!(c.etcd.lease_ttl, Duration::from_secs(5));
         assert_eq!(c.extent_bytes, 2 << 20);
         assert_eq!(c.placement, PlacementWeights::default());
+    }
+
+    /// The view's defaults as the arbiter sets them (its epoch).
+    fn arbiter_view_default() -> ViewConfig {
+        ViewConfig {
+            epoch_ns: DEFAULT_VIEW_EPOCH_NS,
+            stale_after_ns: 2 * DEFAULT_VIEW_EPOCH_NS,
+            ..ViewConfig::default()
+        }
     }
 
     /// The auction's defaults as the arbiter sets them (its epoch).
@@ -394,7 +434,7 @@ endpoints = ["http://127.0.0.1:2379"]
         assert_eq!(c.extent_bytes, cluster_store::evol::DEFAULT_EXTENT_BYTES);
         assert_eq!(c.metrics_listen, None);
         assert_eq!(c.placement, PlacementWeights::default());
-        assert_eq!(c.view, ViewConfig::default());
+        assert_eq!(c.view, arbiter_view_default());
         assert_eq!(c.auction, arbiter_auction_default());
 
         // The commented-out tuning tables claim to show the defaults:
@@ -419,7 +459,7 @@ endpoints = ["http://127.0.0.1:2379"]
             ),
             (d.read_bytes_per_sec, d.read_iops, d.port_bytes_per_sec)
         );
-        assert_eq!(t.view, ViewConfig::default());
+        assert_eq!(t.view, arbiter_view_default());
         assert_eq!(t.auction, arbiter_auction_default());
     }
 

@@ -75,8 +75,13 @@ use crate::evol::MAX_MEMBERS;
 /// ..., 1 MiB and more.
 pub const SIZE_CLASSES: usize = 9;
 
-/// Default interval between view reports.
+/// Interval between view reports until the view says its epoch (when
+/// `report_interval` is not set).
 pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Bounds on a report interval taken from the view's epoch.
+const REPORT_INTERVAL_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(10));
 
 /// How long RequestSlices may wait at the arbiter for grants not
 /// available at once (the agent asks again after).
@@ -91,8 +96,8 @@ pub const STARVE_LIMIT: Duration = Duration::from_secs(1);
 /// (ReleaseSlices): its share goes to the others at the next epoch.
 pub const IDLE_RELEASE: Duration = Duration::from_secs(1);
 
-/// After a failed RequestSlices the agent waits this long (or one report
-/// interval, if longer) before asking again.
+/// After a failed RequestSlices the agent waits this long before asking
+/// again.
 pub const ERROR_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Slice size assumed before the first grant says the arbiter's.
@@ -141,8 +146,9 @@ pub struct FlintSettings {
     pub auction: bool,
     /// Order I/Os within a class by cost (else arrival order).
     pub eio: bool,
-    /// Interval between view reports.
-    pub report_interval: Duration,
+    /// Interval between view reports; `None`: the view's epoch, as
+    /// QueryView says (a vector older than two epochs is stale there).
+    pub report_interval: Option<Duration>,
 }
 
 impl Default for FlintSettings {
@@ -150,7 +156,7 @@ impl Default for FlintSettings {
         FlintSettings {
             auction: true,
             eio: true,
-            report_interval: DEFAULT_REPORT_INTERVAL,
+            report_interval: None,
         }
     }
 }
@@ -655,7 +661,7 @@ impl EvolQos {
                 self.error(e.clone());
                 self.stop_enforcing(e);
                 *self.backoff_until.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(Instant::now() + ERROR_BACKOFF.max(self.settings.report_interval));
+                    Some(Instant::now() + ERROR_BACKOFF);
                 for m in 0..self.members.len() {
                     self.lock(m).starved_since = None;
                 }
@@ -664,8 +670,9 @@ impl EvolQos {
         true
     }
 
-    /// One report interval: ReportIo, QueryView, idle releases.
-    fn report(&self, link: &mut dyn FlintLink, interval: Duration) {
+    /// One report interval: ReportIo, QueryView, idle releases. Returns
+    /// the view's epoch, if QueryView answered.
+    fn report(&self, link: &mut dyn FlintLink, interval: Duration) -> Option<Duration> {
         let vectors = self.drain(interval.as_nanos() as u64 / 2);
         if !vectors.is_empty() {
             match link.report_io(&self.client, &self.evol, &vectors) {
@@ -679,8 +686,10 @@ impl EvolQos {
             }
         }
         let secs = interval.as_secs_f64().max(1e-3);
+        let mut epoch = None;
         match link.query_view(&self.members) {
             Ok(view) => {
+                epoch = (view.epoch_ns > 0).then(|| Duration::from_nanos(view.epoch_ns));
                 let (mut costs, version) = self.costs();
                 for v in &view.namespaces {
                     let Some(m) = self.members.iter().position(|n| *n == v.namespace) else {
@@ -749,6 +758,7 @@ impl EvolQos {
                 }
             }
         }
+        epoch
     }
 
     /// Gives every held slice back (the volume stops), unless the arbiter
@@ -786,12 +796,19 @@ impl AgentThread {
         let handle = std::thread::Builder::new()
             .name(format!("evol-agent-{}", qos.evol))
             .spawn(move || {
-                let interval = q.settings.report_interval;
+                let mut interval = q
+                    .settings
+                    .report_interval
+                    .unwrap_or(DEFAULT_REPORT_INTERVAL);
                 let mut next_report = Instant::now() + interval;
                 while !q.stop.load(Ordering::Acquire) {
                     let asked = q.settings.auction && q.ask_slices(link.as_mut());
                     if Instant::now() >= next_report {
-                        q.report(link.as_mut(), interval);
+                        let epoch = q.report(link.as_mut(), interval);
+                        if let (None, Some(e)) = (q.settings.report_interval, epoch) {
+                            // Aggregate over the view's epoch.
+                            interval = e.clamp(REPORT_INTERVAL_BOUNDS.0, REPORT_INTERVAL_BOUNDS.1);
+                        }
                         next_report = (next_report + interval).max(Instant::now());
                     }
                     if asked {
@@ -1101,6 +1118,7 @@ mod tests {
                         victims: a.victims.clone(),
                         ..Default::default()
                     }),
+                    epoch_ns: 50_000_000,
                 })
             })
         }
@@ -1348,6 +1366,11 @@ mod tests {
         let mut s: EvolSched<u32> = EvolSched::new(Arc::clone(&q));
         assert_eq!(s.cost(0, IoKind::Write, 4096), 4096);
         q.report(&mut fake.clone(), Duration::from_millis(100));
+        // The view's epoch comes back: the agent aggregates over it.
+        assert_eq!(
+            q.report(&mut fake.clone(), Duration::from_millis(100)),
+            Some(Duration::from_millis(50))
+        );
         // Members 0 and 1 share target port a: both victims; m2 not.
         assert_eq!(q.status().victim_members, 2);
         s.refresh();
@@ -1373,7 +1396,7 @@ mod tests {
     #[test]
     fn the_agent_thread_reports_and_releases_on_stop() {
         let q = qos(FlintSettings {
-            report_interval: Duration::from_millis(10),
+            report_interval: Some(Duration::from_millis(10)),
             ..FlintSettings::default()
         });
         let fake = Fake::default();

@@ -974,7 +974,7 @@ fn the_auction_holds_a_mapped_write_until_a_slice_arrives_and_the_view_counts_it
         (0..MEMBERS).map(ns).collect(),
         &["a:1".into(), "a:1".into(), "b:1".into(), "b:1".into()],
         FlintSettings {
-            report_interval: Duration::from_millis(10),
+            report_interval: Some(Duration::from_millis(10)),
             ..FlintSettings::default()
         },
     );

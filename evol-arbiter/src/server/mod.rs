@@ -936,6 +936,7 @@ impl Arbiter for Service {
                 epoch: c.view.epoch(),
                 namespaces: out,
                 report: Some(c.report(c.view.last_report())),
+                epoch_ns: c.view.config().epoch_ns,
             }))
         })
     }

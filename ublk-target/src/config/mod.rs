@@ -56,7 +56,7 @@
 //! alloc_wait = 30         # seconds a first write waits for its extent's mapping
 //! auction = true          # gate I/O by the arbiter's bandwidth slices (fails open)
 //! eio = true              # order I/Os within a class by cost (false: arrival order)
-//! report_interval_ms = 100  # view reports (aggregated) and view queries
+//! report_interval_ms = 100  # view reports and queries; default: the view's epoch
 //! [cluster]               # required: the map, the pool and ownership live in etcd
 //! endpoints = ["10.0.0.1:2379"]
 //! fencing = "none"        # the default for eVols; "reservations" is refused
@@ -687,19 +687,22 @@ fn parse_evol(cx: &Ctx<'_>, raw: &Raw, e: &RawEvol) -> Result<EvolConfig, Config
         crate::evol::DEFAULT_ALLOC_WAIT.as_secs() as i64,
         1..=3600,
     )?;
-    let interval = cx.int(
-        &e.report_interval_ms,
-        "evol.report_interval_ms",
-        crate::evol_qos::DEFAULT_REPORT_INTERVAL.as_millis() as i64,
-        10..=60_000,
-    )?;
+    let interval = match &e.report_interval_ms {
+        None => None,
+        Some(_) => Some(cx.int(
+            &e.report_interval_ms,
+            "evol.report_interval_ms",
+            0,
+            10..=60_000,
+        )?),
+    };
     Ok(EvolConfig {
         name,
         alloc_wait: Duration::from_secs(wait as u64),
         flint: crate::evol_qos::FlintSettings {
             auction: e.auction.as_ref().is_none_or(|b| *b.get_ref()),
             eio: e.eio.as_ref().is_none_or(|b| *b.get_ref()),
-            report_interval: Duration::from_millis(interval as u64),
+            report_interval: interval.map(|ms| Duration::from_millis(ms as u64)),
         },
     })
 }
@@ -1342,7 +1345,7 @@ endpoints = ["127.0.0.1:2379"]
         .flint;
         assert_eq!(
             (f.auction, f.eio, f.report_interval),
-            (false, false, Duration::from_millis(500))
+            (false, false, Some(Duration::from_millis(500)))
         );
         let e = parse(&EVOL.replace("alloc_wait = 5", "alloc_wait = 5\nreport_interval_ms = 1"))
             .unwrap_err();
