@@ -21,7 +21,8 @@
 # Prints BENCH lines per run, then per job the ratios kK/plain (goal
 # >= 0.8 x K) and kK/k1, median and spread. Status at the end shows each
 # eVol's auction and view counters.
-# Run: tests/vm/run --bench evol-scaling (~25 min).
+# BENCH_AUCTION=off runs the eVols with `[evol] auction = false`.
+# Run: tests/vm/run --bench evol-scaling (~7 min).
 . /vm/lib.sh
 . /vm/gimbal.sh
 . /vm/etcd.sh
@@ -33,6 +34,8 @@ require_module ublk_drv || exit 1
 SECS=${BENCH_SECS:-15}
 ROUNDS=${BENCH_ROUNDS:-2}
 SCALE=${BENCH_SCALE:-100}
+# BENCH_AUCTION=off: the eVols without the bandwidth auction's gate.
+AUCTION=${BENCH_AUCTION:-on}
 FIO_BENCH_OUT=$LOGDIR/evol-scaling.bench
 : >"$FIO_BENCH_OUT"
 
@@ -86,6 +89,9 @@ EOC
     done
     check "k$_k: volume create" arb volume create "k$_k" --size 64MiB --copies 1 || return 1
     evol_volume_conf "k$_k"
+    if [ "$AUCTION" = off ]; then
+        sed -i 's/^alloc_wait = 60$/alloc_wait = 60\nauction = false/' "/tmp/k$_k.toml"
+    fi
     check_output "k$_k: add the eVol" "^/dev/ublkb" ublk-nvmf add --config "/tmp/k$_k.toml" || return 1
 }
 
