@@ -36,6 +36,8 @@ ROUNDS=${BENCH_ROUNDS:-2}
 SCALE=${BENCH_SCALE:-100}
 # BENCH_AUCTION=off: the eVols without the bandwidth auction's gate.
 AUCTION=${BENCH_AUCTION:-on}
+# BENCH_CREDITS=MODE: the eVols' [qos] credits (default: the default).
+CREDITS=${BENCH_CREDITS:-}
 FIO_BENCH_OUT=$LOGDIR/evol-scaling.bench
 : >"$FIO_BENCH_OUT"
 
@@ -92,6 +94,9 @@ EOC
     if [ "$AUCTION" = off ]; then
         sed -i 's/^alloc_wait = 60$/alloc_wait = 60\nauction = false/' "/tmp/k$_k.toml"
     fi
+    if [ -n "$CREDITS" ]; then
+        printf '[qos]\ncredits = "%s"\n' "$CREDITS" >>"/tmp/k$_k.toml"
+    fi
     check_output "k$_k: add the eVol" "^/dev/ublkb" ublk-nvmf add --config "/tmp/k$_k.toml" || return 1
 }
 
@@ -145,7 +150,7 @@ bench_ratios "$FIO_BENCH_OUT" vol "k1/plain k2/plain k4/plain k2/k1 k4/k1" \
     "k1/plain:128k-randread:>=0.8 k2/plain:128k-randread:>=1.6 k4/plain:128k-randread:>=3.2 k1/plain:128k-randwrite:>=0.8 k2/plain:128k-randwrite:>=1.6 k4/plain:128k-randwrite:>=3.2"
 
 for k in 1 2 4; do
-    ublk-nvmf status "k$k" | grep -E "^volume|evol"
+    ublk-nvmf status "k$k" | grep -E "^volume|evol|qos: credits"
 done
 for v in k1 k2 k4 plain; do check "del $v" ublk-nvmf del "$v"; done
 finish
