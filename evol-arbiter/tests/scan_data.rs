@@ -9,21 +9,18 @@
 //! No timing assertions: every wait is on a condition with a generous
 //! deadline.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use cluster_store::evol::{check, EvolKeys};
 use cluster_store::testing::EtcdCluster;
-use evol_arbiter::pb;
 use evol_arbiter::scan::scan_free_extents;
-use gimbal_target::config::TargetConfig;
-use gimbal_target::server::{spawn, TargetHandle};
-use nvmf_initiator::blocking::{ConnectOptions, Controller};
+use gimbal_target::server::TargetHandle;
+use nvmf_initiator::blocking::Controller;
 
 mod common;
-use common::{client, free_port, wait_for, Arb, BIN, LONG};
+use common::{client, free_port, Arb, BIN, LONG};
 
 const NQN: &str = "nqn.2026-01.io.test:scan";
 const EXTENT: u64 = 2 << 20;
@@ -33,22 +30,12 @@ const NS_EXTENTS: u64 = 8;
 const MAPPED: u64 = 3;
 const PREFIX: &str = "/scan";
 
-/// The target on `port`, its namespace a file of `NS_EXTENTS` extents.
 fn target(port: u16, image: &Path) -> TargetHandle {
-    let toml = format!(
-        "listen = [\"127.0.0.1:{port}\"]\n[[subsystem]]\nnqn = \"{NQN}\"\nserial = \"SCAN\"\nallow_any_host = true\n\
-         [[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"{}\"\nsize = \"{}\"\nblock_size = 512\n",
-        image.display(),
-        NS_EXTENTS * EXTENT
-    );
-    wait_for("the target to start", || {
-        spawn(TargetConfig::parse(Path::new("t.toml"), &toml).expect("target config")).ok()
-    })
+    common::file_target(port, NQN, image, NS_EXTENTS * EXTENT)
 }
 
 fn host(port: u16) -> Controller {
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    Controller::connect(ConnectOptions::new(addr, NQN)).expect("connecting to the target")
+    common::host(port, NQN)
 }
 
 /// `evol-arbiter check` with `extra` arguments: its exit code and stdout.
@@ -82,16 +69,7 @@ fn scan_data_finds_a_written_free_extent_and_an_unreachable_namespace() {
     let store = etcd.store(Duration::from_secs(5)).unwrap();
     let _a = Arb::start(dir.path(), "a", &etcd, PREFIX);
     let c = client(&etcd, PREFIX);
-    c.add_namespace(&pb::AddNamespaceRequest {
-        id: "ns0".into(),
-        target: "t0".into(),
-        address: format!("127.0.0.1:{port}"),
-        subnqn: NQN.into(),
-        nsid: 1,
-        extents: NS_EXTENTS,
-        capacity_bytes: 0,
-    })
-    .unwrap();
+    common::add_ns0(&c, port, NQN, NS_EXTENTS);
     c.create_volume("v", NS_EXTENTS * EXTENT, 1, 1).unwrap();
     // The pool before any mapping: every extent free.
     let keys = EvolKeys::new(PREFIX);

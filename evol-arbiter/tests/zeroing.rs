@@ -8,7 +8,6 @@
 //! No timing assertions: every wait is on a condition with a generous
 //! deadline.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -17,10 +16,8 @@ use cluster_store::records::{VolumeKeys, VolumeSpec};
 use cluster_store::testing::EtcdCluster;
 use cluster_store::{AttachMode, Store};
 use evol_arbiter::client::{ArbiterClient, ArbiterError};
-use evol_arbiter::pb;
-use gimbal_target::config::TargetConfig;
-use gimbal_target::server::{spawn, TargetHandle};
-use nvmf_initiator::blocking::{ConnectOptions, Controller};
+use gimbal_target::server::TargetHandle;
+use nvmf_initiator::blocking::Controller;
 use tonic::Code;
 
 mod common;
@@ -34,23 +31,12 @@ const EXTENTS: u64 = 4;
 const NS_EXTENTS: u64 = 2 * EXTENTS;
 const PREFIX: &str = "/zero";
 
-/// The target on `port` (retried while the port is still held by the
-/// previous instance), its namespace a file of `NS_EXTENTS` extents.
 fn target(port: u16, image: &Path) -> TargetHandle {
-    let toml = format!(
-        "listen = [\"127.0.0.1:{port}\"]\n[[subsystem]]\nnqn = \"{NQN}\"\nserial = \"ZERO\"\nallow_any_host = true\n\
-         [[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"{}\"\nsize = \"{}\"\nblock_size = 512\n",
-        image.display(),
-        NS_EXTENTS * EXTENT
-    );
-    wait_for("the target to start", || {
-        spawn(TargetConfig::parse(Path::new("t.toml"), &toml).expect("target config")).ok()
-    })
+    common::file_target(port, NQN, image, NS_EXTENTS * EXTENT)
 }
 
 fn host(port: u16) -> Controller {
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    Controller::connect(ConnectOptions::new(addr, NQN)).expect("connecting to the target")
+    common::host(port, NQN)
 }
 
 /// Physical extent `p` read back, whole.
@@ -95,16 +81,7 @@ fn freed_extents_are_zeroed_before_reuse_across_a_failover_and_owned_evols_stay(
     let store = etcd.store(Duration::from_secs(5)).unwrap();
     let a = Arb::start(dir.path(), "a", &etcd, PREFIX);
     let c = client(&etcd, PREFIX);
-    c.add_namespace(&pb::AddNamespaceRequest {
-        id: "ns0".into(),
-        target: "t0".into(),
-        address: format!("127.0.0.1:{port}"),
-        subnqn: NQN.into(),
-        nsid: 1,
-        extents: NS_EXTENTS,
-        capacity_bytes: 0,
-    })
-    .unwrap();
+    common::add_ns0(&c, port, NQN, NS_EXTENTS);
     c.create_volume("v", EXTENTS * EXTENT, 1, 1).unwrap();
     c.create_volume("w", EXTENTS * EXTENT, 1, 1).unwrap();
     let pexts = map(&c, "v", 0..EXTENTS);

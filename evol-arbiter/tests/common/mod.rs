@@ -96,3 +96,50 @@ pub fn client(etcd: &EtcdCluster, prefix: &str) -> ArbiterClient {
     o.call_timeout = LONG;
     ArbiterClient::connect(o).unwrap()
 }
+
+/// An in-process gimbal-target on `port` serving subsystem `nqn` with one
+/// namespace: a file at `image` of `bytes` (a previous instance's data
+/// survives a restart on the same file).
+pub fn file_target(
+    port: u16,
+    nqn: &str,
+    image: &Path,
+    bytes: u64,
+) -> gimbal_target::server::TargetHandle {
+    let toml = format!(
+        "listen = [\"127.0.0.1:{port}\"]\n[[subsystem]]\nnqn = \"{nqn}\"\nserial = \"EVOLTEST\"\nallow_any_host = true\n\
+         [[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"{}\"\nsize = \"{bytes}\"\nblock_size = 512\n",
+        image.display(),
+    );
+    wait_for("the target to start", || {
+        gimbal_target::server::spawn(
+            gimbal_target::config::TargetConfig::parse(Path::new("t.toml"), &toml)
+                .expect("target config"),
+        )
+        .ok()
+    })
+}
+
+/// A host's blocking controller of the target on `port`, subsystem `nqn`.
+pub fn host(port: u16, nqn: &str) -> nvmf_initiator::blocking::Controller {
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    nvmf_initiator::blocking::Controller::connect(nvmf_initiator::blocking::ConnectOptions::new(
+        addr, nqn,
+    ))
+    .expect("connecting to the target")
+}
+
+/// Namespace `ns0` (target `t0`, nsid 1 of `nqn` on `port`, `extents`
+/// extents) into the pool through `c`.
+pub fn add_ns0(c: &ArbiterClient, port: u16, nqn: &str, extents: u64) {
+    c.add_namespace(&evol_arbiter::pb::AddNamespaceRequest {
+        id: "ns0".into(),
+        target: "t0".into(),
+        address: format!("127.0.0.1:{port}"),
+        subnqn: nqn.into(),
+        nsid: 1,
+        extents,
+        capacity_bytes: 0,
+    })
+    .unwrap();
+}
