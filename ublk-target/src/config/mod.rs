@@ -55,6 +55,8 @@
 //! name = "ev0"            # the eVol in etcd (PREFIX/evols/NAME); default: name
 //! alloc_wait = 30         # seconds a first write waits for its extent's mapping
 //! auction = true          # gate I/O by the arbiter's bandwidth slices (fails open)
+//!                         # ([qos] credits defaults to "off" for an eVol: one gate
+//!                         # cannot estimate a window for many members)
 //! eio = true              # order I/Os within a class by cost (false: arrival order)
 //! report_interval_ms = 100  # view reports and queries; default: the view's epoch
 //! [cluster]               # required: the map, the pool and ownership live in etcd
@@ -571,7 +573,15 @@ impl VolumeConfig {
                 "must be at least reconnect_delay (or -1: keep trying forever)",
             ));
         }
-        let qos = parse_qos(&cx, &raw.qos)?;
+        let mut qos = parse_qos(&cx, &raw.qos)?;
+        if evol.is_some() && raw.qos.credits.is_none() {
+            // An eVol's one credit gate would estimate a single window
+            // from all its members' latencies mixed, which caps the
+            // requests in flight far below what K drives take (measured:
+            // docs/benchmarks.md, eVol scaling); Flint's auction is the
+            // eVol's admission control. An explicit setting still wins.
+            qos.credits = qos_core::credit_gate::CreditMode::Off;
+        }
         let priority = parse_priority(&cx, &raw.priority)?;
         let mut cluster = match &raw.cluster {
             Some(c) => Some(parse_cluster(&cx, c)?),
@@ -1335,6 +1345,10 @@ endpoints = ["127.0.0.1:2379"]
             c.evol.as_ref().unwrap().flint,
             crate::evol_qos::FlintSettings::default()
         );
+        // An eVol's credit gate is off unless the config says otherwise.
+        assert_eq!(c.qos.credits, qos_core::credit_gate::CreditMode::Off);
+        let q = parse(&format!("{EVOL}[qos]\ncredits = \"estimate\"\n")).unwrap();
+        assert_eq!(q.qos.credits, qos_core::credit_gate::CreditMode::Estimate);
         let f = parse(&EVOL.replace(
             "alloc_wait = 5",
             "alloc_wait = 5\nauction = false\neio = false\nreport_interval_ms = 500",
