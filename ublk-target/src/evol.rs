@@ -514,12 +514,12 @@ impl ExtentMap {
         }
     }
 
-    /// A flush is sent to `member`: what it covers, for
-    /// [`ExtentMap::flush_acked`] (every write acknowledged before now).
-    pub fn flush_sent(&self, member: usize) -> u64 {
+    /// A flush is about to be sent (to any member): what it covers, for
+    /// [`ExtentMap::flush_acked`] (every write acknowledged before now;
+    /// the sequence is one for all members).
+    pub fn flush_sent(&self) -> u64 {
         let mut u = self.unflushed.lock().unwrap_or_else(|e| e.into_inner());
         u.seq += 1;
-        let _ = member;
         u.seq
     }
 
@@ -1354,7 +1354,7 @@ mod tests {
             m.write_acked(0, i);
         }
         m.write_acked(1, 2);
-        let covers = m.flush_sent(0);
+        let covers = m.flush_sent();
         // Acknowledged after the flush was sent: not covered by it.
         m.write_acked(0, 2);
         m.flush_acked(0, covers);

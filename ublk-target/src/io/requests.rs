@@ -1322,7 +1322,7 @@ impl Requests {
         let class = st.class.unwrap_or(NvmeClass::Medium);
         let user_data = part.user_data();
         if let Command::Flush { .. } = pending.command {
-            ev.flush_seq[t][member] = ev.map.flush_sent(member);
+            ev.flush_seq[t][member] = ev.map.flush_sent();
             let req = Request {
                 command: Command::Flush { nsid },
                 buf: None,
