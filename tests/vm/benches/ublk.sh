@@ -72,6 +72,15 @@
 # Two namespaces would be two devices (each `sim` namespace has a model of
 # its own), so both tenants use the one namespace through two volumes.
 #
+# Part 3, with BENCH_PERF=1 (the runner then puts perf in the guest): where
+# the guest's CPU time goes (issue 14: find it before changing the data
+# path). For 128k read, 128k write and 4k randread, QD 32, on
+# ublk-credits-off and the kernel host: `perf record -a -g` (cpu-clock,
+# 499 Hz: TCG has no PMU) over BENCH_SECS of the job, then the share of
+# samples by command, and by kernel/user symbol (self time, >= 1 %),
+# as "BENCH profile host=... job=... by=comm|sym share=... name=..."
+# lines. BENCH_ONLY=profile runs only this part (with part 1's setup).
+#
 # Afterwards `ublk-nvmf status` of every volume (credit window and its
 # source). Benchmarks report; only fio errors and setup fail the run.
 . /vm/lib.sh
@@ -118,7 +127,7 @@ volume() {
 }
 
 # --- part 1 setup: null namespace, four volumes, the kernel host ---------
-if [ -z "$ONLY" ] || [ "$ONLY" = matrix ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ]; then
     gimbal_write_config
     gimbal_start || exit 1
     volume D_AUTO ublk 4420 $NQN 3 1 auto || exit 1
@@ -213,12 +222,52 @@ while [ $round -le "$ROUNDS" ]; do
         matrix_job $round 4k-randread-qd128 randread 4k 128
         matrix_job $round 4k-randread-2jobs-qd32 randread 4k 32 2
     fi
+    if [ "$ONLY" = profile ]; then break; fi
     if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
         tenants $round default "$R_AUTO" "$W_AUTO"
         tenants $round off "$R_OFF" "$W_OFF"
     fi
     round=$((round + 1))
 done
+
+# --- part 3: profiles --------------------------------------------------------
+# profile HOST JOB DEV RW BS: perf over BENCH_SECS of the job, after 2 s.
+profile() {
+    fio --name=p --filename="$3" --ioengine=libaio --direct=1 --rw="$4" --bs="$5" \
+        --iodepth=32 --runtime=$((SECS + 3)) --time_based --size=64M --randrepeat=0 \
+        --norandommap --output-format=terse --terse-version=3 >/tmp/prof-fio.out 2>&1 &
+    _fp=$!
+    sleep 2
+    perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
+    _prc=$?
+    wait $_fp
+    if [ $_prc -ne 0 ] || ! grep -q '^3;' /tmp/prof-fio.out; then
+        fail "profile $1 $2 (perf exit $_prc)"
+        tail -n 5 /tmp/perf-rec.log /tmp/prof-fio.out | sed 's/^/    | /'
+        return 1
+    fi
+    pass "profile $1 $2"
+    for _by in comm sym; do
+        perf report -i /tmp/perf.data --no-children --sort "$_by" -g none --stdio --percent-limit 1 2>/dev/null |
+            grep -E '^ +[0-9.]+%' | head -n 25 |
+            awk -v h="$1" -v j="$2" -v by="$_by" '{ sh = $1; $1 = ""; sub(/^ +/, ""); gsub(/ /, "_");
+                printf "BENCH profile host=%s job=%s by=%s share=%s name=%s\n", h, j, by, sh, $0 }' |
+            tee -a "$FIO_BENCH_OUT"
+    done
+    # Who calls the copies (console log only): the call chains of the
+    # symbols with "copy" in their name.
+    echo "---- profile $1 $2: callers of copies ----"
+    perf report -i /tmp/perf.data --no-children --sort sym -g caller,2,callee --stdio \
+        --percent-limit 2 2>/dev/null | awk '/^ +[0-9.]+%/ { show = ($0 ~ /copy/) } show' | head -n 120
+}
+if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; then
+    require_cmd perf || exit 1
+    for j in "128k-read-qd32 read 128k" "128k-write-qd32 write 128k" "4k-randread-qd32 randread 4k"; do
+        set -- $j
+        profile ublk-credits-off "$1" "$D_OFF" "$2" "$3"
+        profile kernel "$1" "$KDEV" "$2" "$3"
+    done
+fi
 
 # --- summary ---------------------------------------------------------------
 # Goals of issue 14 (reported next to the medians, not checked).
