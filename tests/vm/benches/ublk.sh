@@ -15,6 +15,9 @@
 #                     estimate runs), 1 queue, depth 128
 #   ublk-credits-off  the same with [qos] credits = "off"
 #   kernel            the kernel host (nvme connect; one I/O queue per vCPU)
+#   ublk-copy         with BENCH_COPY=1: ublk-credits-off with [io]
+#                     zero_copy = "off" (the copy through the tag buffers),
+#                     for the one-queue jobs, to see what zero copy changes
 # and fio (libaio, direct, BENCH_SECS (8) measured after 2 s warm-up) for:
 # 4k randread, 4k randwrite, 128k read, 128k write, 1M read (sequential),
 # all QD 32; 4k randread QD 1 and QD 128; and the multi-queue case, two fio
@@ -105,12 +108,14 @@ require_cmd ublk-nvmf gimbal-target fio || exit 1
 require_module ublk_drv nvme-tcp || exit 1
 
 VOLUMES=""
-# volume VAR NAME PORT SUBNQN NSID QUEUES auto|off: adds a volume and sets
+# volume VAR NAME PORT SUBNQN NSID QUEUES auto|off [copy]: adds a volume
+# (copy: without zero copy) and sets
 # VAR to its device.
 volume() {
     _conf=/tmp/vol-$2.toml
     ublk_volume_config "$_conf" "$2" 127.0.0.1 "$3" "$4" "$5" "$6"
     [ "$7" = off ] && printf '[qos]\ncredits = "off"\n' >>"$_conf"
+    [ "${8:-}" = copy ] && sed -i 's/^\[io\]$/[io]\nzero_copy = "off"/' "$_conf"
     _dev=$(ublk-nvmf add --config "$_conf" 2>"$LOGDIR/add-$2.log")
     case "$_dev" in
     /dev/ublkb[0-9]*)
@@ -134,6 +139,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ]; then
     volume D_OFF ublkoff 4420 $NQN 3 1 off || exit 1
     volume D_AUTO2 ublkq2 4420 $NQN 3 2 auto || exit 1
     volume D_OFF2 ublkoffq2 4420 $NQN 3 2 off || exit 1
+    if [ -n "${BENCH_COPY:-}" ]; then volume D_COPY ublkcopy 4420 $NQN 3 1 off copy || exit 1; fi
     check "kernel host connects" nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN || exit 1
     wait_for "kernel host namespaces appear" 20 nvme_ns_dev $NQN 3 || exit 1
     KDEV=$(nvme_ns_dev $NQN 3)
@@ -170,6 +176,9 @@ matrix_job() {
     fio_bench "round=$_r host=ublk job=$_j" "$_a" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
     fio_bench "round=$_r host=ublk-credits-off job=$_j" "$_o" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
     fio_bench "round=$_r host=kernel job=$_j" "$KDEV" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+    if [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ]; then
+        fio_bench "round=$_r host=ublk-copy job=$_j" "$D_COPY" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+    fi
 }
 
 # tenant_fio OUT DEV RW QD: one tenant's timed 4k fio run, terse v3 to OUT.
@@ -276,7 +285,9 @@ ublk/ublk-credits-off:4k-randread-qd128:>=0.97 ublk/ublk-credits-off:128k-read-q
 ublk/ublk-credits-off:128k-write-qd32:>=0.97 ublk/kernel:128k-read-qd32:>=1.0
 ublk/kernel:128k-write-qd32:>=1.0 ublk/kernel:1m-read-qd32:>=0.9 ublk/kernel:4k-randwrite-qd32:>=1.0
 ublk/kernel:4k-randread-2jobs-qd32:>=1.0"
-bench_ratios "$FIO_BENCH_OUT" host "ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off" "$goals"
+pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
+[ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
+bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 # The two tenants: default over off, per round, then median and spread.
 grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk '
     function kv(name, i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == name) return a[2] } return "" }

@@ -350,10 +350,14 @@ fn auto_reg(tag: u16) -> BufDesc<'static> {
 
 /// Zero copy: move `len` bytes between our memory at `ptr` and tag `tag`'s
 /// request at `offset` (`into_request`: a read's data into its pages;
-/// else a write's data out of them) with the driver's user-copy interface
-/// (file 0 of the ring is `/dev/ublkcN`). Returns the error (negative
-/// errno) of a failed or empty transfer.
-async fn user_copy(
+/// else a write's data out of them) with the driver's user-copy interface:
+/// `pwrite`/`pread` on `/dev/ublkcN` (`cdev`) at the request's position.
+/// A plain syscall, not an SQE: the driver only copies between our memory
+/// and the request's pages (it never blocks), and an SQE would add a ring
+/// round trip before the COMMIT (measured: 4k QD 1 reads lost ~20 %).
+/// Returns the error (negative errno) of a failed or empty transfer.
+fn user_copy(
+    cdev: i32,
     qid: u16,
     tag: u16,
     into_request: bool,
@@ -364,23 +368,29 @@ async fn user_copy(
     let mut done = 0;
     while done < len {
         let pos = libublk::io::UblkIOCtx::ublk_user_copy_pos(qid, tag, offset + done);
+        let n = (len - done) as usize;
         // SAFETY: `ptr..ptr + len` is within the tag's buffer, which
-        // outlives the queue's ring (queue_main keeps it).
-        let at = unsafe { ptr.add(done as usize) };
-        let fd = io_uring::types::Fixed(0);
-        let sqe = if into_request {
-            io_uring::opcode::Write::new(fd, at, len - done)
-                .offset(pos)
-                .build()
-        } else {
-            io_uring::opcode::Read::new(fd, at, len - done)
-                .offset(pos)
-                .build()
+        // outlives the queue (queue_main keeps it); `cdev` is the device's
+        // open char device.
+        let r = unsafe {
+            let at = ptr.add(done as usize);
+            if into_request {
+                libc::pwrite(cdev, at as *const libc::c_void, n, pos as libc::off_t)
+            } else {
+                libc::pread(cdev, at as *mut libc::c_void, n, pos as libc::off_t)
+            }
         };
-        match uring_op(sqe).await {
+        match r {
             n if n > 0 => done += n as u32,
             0 => return Err(-libc::EIO),
-            e => return Err(e),
+            _ => {
+                let e = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO);
+                if e != libc::EINTR {
+                    return Err(-e);
+                }
+            }
         }
     }
     Ok(())
@@ -402,6 +412,7 @@ async fn tag_task(
             .await?;
     }
     let qid = q.get_qid();
+    let cdev = q.dev.tgt.fds[0];
     let geo = vol.geometry;
     let stats = &vol.stats;
     loop {
@@ -452,7 +463,7 @@ async fn tag_task(
                 if zero_copy && op == Op::Write && data_len > 0 {
                     // The driver no longer copies the data into the tag's
                     // buffer: fetch it (the sends read it from there).
-                    if let Err(e) = user_copy(qid, tag, false, 0, buf.as_mut_ptr(), data_len).await
+                    if let Err(e) = user_copy(cdev, qid, tag, false, 0, buf.as_mut_ptr(), data_len)
                     {
                         log::error!(
                             "{}: reading a write's data from the driver: errno {}",
@@ -484,7 +495,7 @@ async fn tag_task(
                     for (a, b) in copied {
                         // SAFETY: within the tag's buffer (a..b <= data_len).
                         let at = unsafe { buf.as_mut_ptr().add(a as usize) };
-                        if let Err(e) = user_copy(qid, tag, true, a, at, b - a).await {
+                        if let Err(e) = user_copy(cdev, qid, tag, true, a, at, b - a) {
                             log::error!(
                                 "{}: copying read data to the driver: errno {}",
                                 vol.config.name,
