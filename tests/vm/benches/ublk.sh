@@ -80,8 +80,9 @@
 # path). For 128k read, 128k write and 4k randread, QD 32, on
 # ublk-credits-off and the kernel host: `perf record -a -g` (cpu-clock,
 # 499 Hz: TCG has no PMU) over BENCH_SECS of the job, then the share of
-# samples by command, and by kernel/user symbol (self time, >= 1 %),
-# as "BENCH profile host=... job=... by=comm|sym share=... name=..."
+# samples by command, by command and binary, and by kernel/user symbol
+# (self time, >= 1 %), as "BENCH profile host=... job=...
+# by=comm|comm,dso|sym share=... name=..."
 # lines. BENCH_ONLY=profile runs only this part (with part 1's setup).
 #
 # Afterwards `ublk-nvmf status` of every volume (credit window and its
@@ -256,7 +257,7 @@ profile() {
         return 1
     fi
     pass "profile $1 $2"
-    for _by in comm sym; do
+    for _by in comm comm,dso sym; do
         perf report -i /tmp/perf.data --no-children --sort "$_by" -g none --stdio --percent-limit 1 2>/dev/null |
             grep -E '^ +[0-9.]+%' | head -n 25 |
             awk -v h="$1" -v j="$2" -v by="$_by" '{ sh = $1; $1 = ""; sub(/^ +/, ""); gsub(/ /, "_");
@@ -264,10 +265,11 @@ profile() {
             tee -a "$FIO_BENCH_OUT"
     done
     # Who calls the copies (console log only): the call chains of the
-    # symbols with "copy" in their name.
+    # kernel's copy and page-clearing routines and of unresolved user code
+    # (libc's memcpy/memset variants have no symbols in the guest).
     echo "---- profile $1 $2: callers of copies ----"
     perf report -i /tmp/perf.data --no-children --sort sym -g caller,2,callee --stdio \
-        --percent-limit 2 2>/dev/null | awk '/^ +[0-9.]+%/ { show = ($0 ~ /copy/) } show' | head -n 120
+        --percent-limit 2 2>/dev/null | awk '/^ +[0-9.]+%/ { show = ($0 ~ /copy|movs|clear_page|memcpy|memset|\[\.\] 0x/) } show' | head -n 160
 }
 if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; then
     require_cmd perf || exit 1
