@@ -19,6 +19,8 @@ set -euo pipefail
 #                             checking them, a clean root to install them in
 #   etcd-server               cluster mode's store: tests start real etcd clusters
 #   protobuf-compiler         etcd-client's build script compiles etcd's .proto files
+#   linux-perf                perf in the guest for the benches' profiles
+#                             (BENCH_PERF=1 tests/vm/run --bench ublk)
 #   prometheus                `promtool check metrics`: the metrics tests parse both
 #                             daemons' /metrics output with Prometheus' own parser
 #                             (the package's service is never enabled by the tests)
@@ -26,7 +28,7 @@ PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
     libbpf-dev bpftool man-db dpkg-dev lintian debootstrap prometheus
-    etcd-server protobuf-compiler
+    etcd-server protobuf-compiler linux-perf
 )
 
 missing=()

@@ -7,7 +7,7 @@
 //! stays inside this module and the engine.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ioprio_channel::{PriorityChannel, QueueReader, Registration};
@@ -51,6 +51,13 @@ pub struct Stats {
     pub reconnects: AtomicU64,
     /// Socket sends (each carries one or more commands).
     pub sends: AtomicU64,
+    /// Whether the device runs with ublk's zero copy (set by the queues).
+    pub zero_copy: AtomicBool,
+    /// Zero copy: read bytes received straight into the request's pages.
+    pub zc_read_direct: AtomicU64,
+    /// Zero copy: read bytes copied into the request from our memory
+    /// (the part of a read's data that came with its headers).
+    pub zc_read_copied: AtomicU64,
     /// Per NVMe class (urgent..low): reads and writes completed.
     pub class_ios: [AtomicU64; 4],
     /// Per NVMe class: bytes read and written.
@@ -103,6 +110,9 @@ pub struct StatsSnapshot {
     pub queue_failures: u64,
     /// Socket sends.
     pub sends: u64,
+    /// ublk zero copy in use, and read bytes direct / copied under it.
+    #[serde(default)]
+    pub zero_copy: ZeroCopySnapshot,
     /// Client-side QoS: credits, rate limits, local queue.
     pub qos: QosSnapshot,
     /// Priority classes: where they come from, per-class counters.
@@ -117,6 +127,17 @@ pub struct StatsSnapshot {
     /// Elastic volumes: the map and the writes waiting for it.
     #[serde(default)]
     pub evol: Option<EvolStatus>,
+}
+
+/// What `status` shows of ublk's zero copy.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct ZeroCopySnapshot {
+    /// The device runs with it.
+    pub on: bool,
+    /// Read bytes received straight into the request's pages.
+    pub read_direct_bytes: u64,
+    /// Read bytes copied into the request from our memory.
+    pub read_copied_bytes: u64,
 }
 
 /// What `status` shows of an eVol.
@@ -867,6 +888,11 @@ impl Volume {
             inflight: g(&s.inflight),
             queue_failures: g(&s.reconnects),
             sends: g(&s.sends),
+            zero_copy: ZeroCopySnapshot {
+                on: s.zero_copy.load(Ordering::Relaxed),
+                read_direct_bytes: g(&s.zc_read_direct),
+                read_copied_bytes: g(&s.zc_read_copied),
+            },
             priority: self.priority_snapshot(&qos),
             cluster: self.cluster.as_ref().map(|c| c.status()),
             evol: self.evol.as_ref().map(|e| {

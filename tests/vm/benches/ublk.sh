@@ -15,6 +15,9 @@
 #                     estimate runs), 1 queue, depth 128
 #   ublk-credits-off  the same with [qos] credits = "off"
 #   kernel            the kernel host (nvme connect; one I/O queue per vCPU)
+#   ublk-copy         with BENCH_COPY=1: ublk-credits-off with [io]
+#                     zero_copy = "off" (the copy through the tag buffers),
+#                     for the one-queue jobs, to see what zero copy changes
 # and fio (libaio, direct, BENCH_SECS (8) measured after 2 s warm-up) for:
 # 4k randread, 4k randwrite, 128k read, 128k write, 1M read (sequential),
 # all QD 32; 4k randread QD 1 and QD 128; and the multi-queue case, two fio
@@ -72,6 +75,16 @@
 # Two namespaces would be two devices (each `sim` namespace has a model of
 # its own), so both tenants use the one namespace through two volumes.
 #
+# Part 3, with BENCH_PERF=1 (the runner then puts perf in the guest): where
+# the guest's CPU time goes (issue 14: find it before changing the data
+# path). For 128k read, 128k write and 4k randread, QD 32, on
+# ublk-credits-off and the kernel host: `perf record -a -g` (cpu-clock,
+# 499 Hz: TCG has no PMU) over BENCH_SECS of the job, then the share of
+# samples by command, by command and binary, and by kernel/user symbol
+# (self time, >= 1 %), as "BENCH profile host=... job=...
+# by=comm|comm,dso|sym share=... name=..."
+# lines. BENCH_ONLY=profile runs only this part (with part 1's setup).
+#
 # Afterwards `ublk-nvmf status` of every volume (credit window and its
 # source). Benchmarks report; only fio errors and setup fail the run.
 . /vm/lib.sh
@@ -96,12 +109,14 @@ require_cmd ublk-nvmf gimbal-target fio || exit 1
 require_module ublk_drv nvme-tcp || exit 1
 
 VOLUMES=""
-# volume VAR NAME PORT SUBNQN NSID QUEUES auto|off: adds a volume and sets
+# volume VAR NAME PORT SUBNQN NSID QUEUES auto|off [copy]: adds a volume
+# (copy: without zero copy) and sets
 # VAR to its device.
 volume() {
     _conf=/tmp/vol-$2.toml
     ublk_volume_config "$_conf" "$2" 127.0.0.1 "$3" "$4" "$5" "$6"
     [ "$7" = off ] && printf '[qos]\ncredits = "off"\n' >>"$_conf"
+    [ "${8:-}" = copy ] && sed -i 's/^\[io\]$/[io]\nzero_copy = "off"/' "$_conf"
     _dev=$(ublk-nvmf add --config "$_conf" 2>"$LOGDIR/add-$2.log")
     case "$_dev" in
     /dev/ublkb[0-9]*)
@@ -118,13 +133,14 @@ volume() {
 }
 
 # --- part 1 setup: null namespace, four volumes, the kernel host ---------
-if [ -z "$ONLY" ] || [ "$ONLY" = matrix ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ]; then
     gimbal_write_config
     gimbal_start || exit 1
     volume D_AUTO ublk 4420 $NQN 3 1 auto || exit 1
     volume D_OFF ublkoff 4420 $NQN 3 1 off || exit 1
     volume D_AUTO2 ublkq2 4420 $NQN 3 2 auto || exit 1
     volume D_OFF2 ublkoffq2 4420 $NQN 3 2 off || exit 1
+    if [ -n "${BENCH_COPY:-}" ]; then volume D_COPY ublkcopy 4420 $NQN 3 1 off copy || exit 1; fi
     check "kernel host connects" nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN || exit 1
     wait_for "kernel host namespaces appear" 20 nvme_ns_dev $NQN 3 || exit 1
     KDEV=$(nvme_ns_dev $NQN 3)
@@ -161,6 +177,9 @@ matrix_job() {
     fio_bench "round=$_r host=ublk job=$_j" "$_a" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
     fio_bench "round=$_r host=ublk-credits-off job=$_j" "$_o" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
     fio_bench "round=$_r host=kernel job=$_j" "$KDEV" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+    if [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ]; then
+        fio_bench "round=$_r host=ublk-copy job=$_j" "$D_COPY" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+    fi
 }
 
 # tenant_fio OUT DEV RW QD: one tenant's timed 4k fio run, terse v3 to OUT.
@@ -213,12 +232,53 @@ while [ $round -le "$ROUNDS" ]; do
         matrix_job $round 4k-randread-qd128 randread 4k 128
         matrix_job $round 4k-randread-2jobs-qd32 randread 4k 32 2
     fi
+    if [ "$ONLY" = profile ]; then break; fi
     if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
         tenants $round default "$R_AUTO" "$W_AUTO"
         tenants $round off "$R_OFF" "$W_OFF"
     fi
     round=$((round + 1))
 done
+
+# --- part 3: profiles --------------------------------------------------------
+# profile HOST JOB DEV RW BS: perf over BENCH_SECS of the job, after 2 s.
+profile() {
+    fio --name=p --filename="$3" --ioengine=libaio --direct=1 --rw="$4" --bs="$5" \
+        --iodepth=32 --runtime=$((SECS + 3)) --time_based --size=64M --randrepeat=0 \
+        --norandommap --output-format=terse --terse-version=3 >/tmp/prof-fio.out 2>&1 &
+    _fp=$!
+    sleep 2
+    perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
+    _prc=$?
+    wait $_fp
+    if [ $_prc -ne 0 ] || ! grep -q '^3;' /tmp/prof-fio.out; then
+        fail "profile $1 $2 (perf exit $_prc)"
+        tail -n 5 /tmp/perf-rec.log /tmp/prof-fio.out | sed 's/^/    | /'
+        return 1
+    fi
+    pass "profile $1 $2"
+    for _by in comm comm,dso sym; do
+        perf report -i /tmp/perf.data --no-children --sort "$_by" -g none --stdio --percent-limit 1 2>/dev/null |
+            grep -E '^ +[0-9.]+%' | head -n 25 |
+            awk -v h="$1" -v j="$2" -v by="$_by" '{ sh = $1; $1 = ""; sub(/^ +/, ""); gsub(/ /, "_");
+                printf "BENCH profile host=%s job=%s by=%s share=%s name=%s\n", h, j, by, sh, $0 }' |
+            tee -a "$FIO_BENCH_OUT"
+    done
+    # Who calls the copies (console log only): the call chains of the
+    # kernel's copy and page-clearing routines and of unresolved user code
+    # (libc's memcpy/memset variants have no symbols in the guest).
+    echo "---- profile $1 $2: callers of copies ----"
+    perf report -i /tmp/perf.data --no-children --sort sym -g caller,2,callee --stdio \
+        --percent-limit 2 2>/dev/null | awk '/^ +[0-9.]+%/ { show = ($0 ~ /copy|movs|clear_page|memcpy|memset|\[\.\] 0x/) } show' | head -n 160
+}
+if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; then
+    require_cmd perf || exit 1
+    for j in "128k-read-qd32 read 128k" "128k-write-qd32 write 128k" "4k-randread-qd32 randread 4k"; do
+        set -- $j
+        profile ublk-credits-off "$1" "$D_OFF" "$2" "$3"
+        profile kernel "$1" "$KDEV" "$2" "$3"
+    done
+fi
 
 # --- summary ---------------------------------------------------------------
 # Goals of issue 14 (reported next to the medians, not checked).
@@ -227,7 +287,9 @@ ublk/ublk-credits-off:4k-randread-qd128:>=0.97 ublk/ublk-credits-off:128k-read-q
 ublk/ublk-credits-off:128k-write-qd32:>=0.97 ublk/kernel:128k-read-qd32:>=1.0
 ublk/kernel:128k-write-qd32:>=1.0 ublk/kernel:1m-read-qd32:>=0.9 ublk/kernel:4k-randwrite-qd32:>=1.0
 ublk/kernel:4k-randread-2jobs-qd32:>=1.0"
-bench_ratios "$FIO_BENCH_OUT" host "ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off" "$goals"
+pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
+[ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
+bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 # The two tenants: default over off, per round, then median and spread.
 grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk '
     function kv(name, i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == name) return a[2] } return "" }

@@ -2,7 +2,10 @@
 # ublk-nvmf volumes under `ublk-nvmf add` against gimbal-target (file
 # namespace) and the kernel's nvmet-tcp target (file namespace): verified
 # fio randrw bs 4k..1M at iodepth 1/32/128, blkdiscard, fsync-heavy
-# writes, status/list/del.
+# writes, status/list/del. The gimbal volume runs with ublk's zero copy
+# (the default where the kernel has it, 6.16+: the bench's kernel must),
+# the nvmet one with it turned off, the one-line volume without it since
+# it asks for data digests: all three verify their data.
 . /vm/lib.sh
 . /vm/nvmet.sh
 . /vm/gimbal.sh
@@ -18,7 +21,11 @@ ublk_volume_config /tmp/g.toml gfile 127.0.0.1 4420 $GNQN 2 2
 check_output "add a volume on gimbal-target's file namespace" "^/dev/ublkb0$" ublk-nvmf add --config /tmp/g.toml
 check_output "2 queues" "^2$" sh -c 'ls /sys/block/ublkb0/mq | wc -l'
 check_output "file namespace: volatile cache advertised" "write back" cat /sys/block/ublkb0/queue/write_cache
+check_output "zero copy on (ublk_drv with UBLK_F_AUTO_BUF_REG, Linux 6.16+)" "^  zero copy: on" ublk-nvmf status gfile
 ublk_fio_matrix gimbal /dev/ublkb0
+fio_verify "gimbal: verify 128k sequential reads (data straight into the pages)" /dev/ublkb0 write 128k 32 32M
+check_output "zero copy: read data went straight into the request's pages" '"read_direct_bytes":[1-9]' ublk-nvmf status gfile --json
+check_output "zero copy: the rest of the read data was copied in" '"read_copied_bytes":[1-9]' ublk-nvmf status gfile --json
 check "gimbal: blkdiscard the whole device" blkdiscard_real /dev/ublkb0
 check "gimbal: blkdiscard --zeroout 1 MiB" blkdiscard_real -z -o 1048576 -l 1048576 /dev/ublkb0
 ublk_fsync_heavy gimbal /dev/ublkb0
@@ -39,6 +46,7 @@ check_output "2 queues, as -i 2 asked" "^2$" sh -c 'ls /sys/block/ublkb0/mq | wc
 check_output "list --json: schema 1" '"schema":1' ublk-nvmf list --json
 check_output "list --json: the volume by name" '"name":"demo-2"' ublk-nvmf list --json
 check_output "list --json: its device" '"device":"/dev/ublkb0"' ublk-nvmf list --json
+check_output "data digests: zero copy off" "^  zero copy: off" ublk-nvmf status demo-2
 fio_verify "one-line volume (digests on): verify" /dev/ublkb0 randrw 4k 16 8M --bsrange=4k-128k
 check "del demo-2" ublk-nvmf del demo-2
 wait_for "/dev/ublkb0 removed after the one-line volume" 20 gone
@@ -58,7 +66,9 @@ nvmet_setup() {
 }
 check "nvmet: file namespace on port 4421" nvmet_setup
 ublk_volume_config /tmp/k.toml kfile 127.0.0.1 4421 $KNQN 1 1
+sed -i 's/^\[io\]$/[io]\nzero_copy = "off"/' /tmp/k.toml
 check_output "add a volume on nvmet" "^/dev/ublkb[0-9]$" ublk-nvmf add --config /tmp/k.toml
+check_output "nvmet volume: zero copy off, as configured" "^  zero copy: off" ublk-nvmf status kfile
 dev=$(ublk-nvmf list | awk '$2=="kfile"{print $1}')
 log "nvmet volume on $dev"
 ublk_fio_matrix nvmet "$dev"

@@ -609,7 +609,7 @@ fn format_priority(p: &ublk_target::volume::PrioritySnapshot) -> String {
 fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
     format!(
         "volume {}: {} -> {} {} ({})\n  reads {} ({} bytes), writes {} ({} bytes), flushes {}, discards {}\n  \
-         errors {}, in flight {}, queue failures {}, controller resets {}, sends {}\n",
+         errors {}, in flight {}, queue failures {}, controller resets {}, sends {}\n{}",
         s.volume,
         s.device,
         s.target,
@@ -625,7 +625,15 @@ fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
         s.inflight,
         s.queue_failures,
         s.controller_resets,
-        s.sends
+        s.sends,
+        if s.zero_copy.on {
+            format!(
+                "  zero copy: on, read bytes {} direct, {} copied\n",
+                s.zero_copy.read_direct_bytes, s.zero_copy.read_copied_bytes
+            )
+        } else {
+            "  zero copy: off\n".to_owned()
+        }
     )
 }
 

@@ -18,6 +18,7 @@
 //! io_timeout = 30         # seconds
 //! header_digest = false   # NVMe/TCP digests (nvme-cli --hdr-digest, --data-digest)
 //! data_digest = false
+//! zero_copy = "auto"      # auto: ublk zero copy where the kernel has it (6.16+) | off
 //! [reconnect]
 //! reconnect_delay = 2     # seconds
 //! ctrl_loss_tmo = 600     # seconds, -1: forever
@@ -138,6 +139,9 @@ pub struct VolumeConfig {
     pub header_digest: bool,
     /// Ask for NVMe/TCP data digests (`[io] data_digest`; `--data-digest`).
     pub data_digest: bool,
+    /// Use ublk's zero copy where the driver offers it (`[io] zero_copy`,
+    /// see [`crate::io::ublk`]).
+    pub zero_copy: ZeroCopy,
     /// Reconnect behaviour.
     pub reconnect: ReconnectPolicy,
     /// Keep Alive timeout proposed to the target.
@@ -191,6 +195,18 @@ pub struct ClusterConfig {
     pub health_wait: Duration,
     /// How older owners are kept off the targets.
     pub fencing: Fencing,
+}
+
+/// `[io] zero_copy`: whether the device asks ublk for zero copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroCopy {
+    /// Where the driver offers automatic buffer registration (Linux 6.16+)
+    /// and the volume does not ask for data digests (which need the data
+    /// in our memory): large reads go from the socket straight into the
+    /// request's pages.
+    Auto,
+    /// Always the copy through the per-tag buffers.
+    Off,
 }
 
 /// `[cluster] fencing`.
@@ -470,6 +486,7 @@ struct RawIo {
     header_digest: bool,
     #[serde(default)]
     data_digest: bool,
+    zero_copy: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -550,6 +567,14 @@ impl VolumeConfig {
         let queues = cx.int(&raw.io.queues, "io.queues", 1, 1..=64)? as u16;
         let queue_depth = cx.int(&raw.io.queue_depth, "io.queue_depth", 64, 2..=1024)? as u16;
         let io_timeout = cx.int(&raw.io.io_timeout, "io.io_timeout", 30, 1..=3600)? as u64;
+        let zero_copy = match &raw.io.zero_copy {
+            None => ZeroCopy::Auto,
+            Some(s) => match s.get_ref().as_str() {
+                "auto" => ZeroCopy::Auto,
+                "off" => ZeroCopy::Off,
+                _ => return Err(cx.err(s, "io.zero_copy", "one of \"auto\", \"off\"")),
+            },
+        };
         let r = &raw.reconnect;
         let delay = cx.int(&r.reconnect_delay, "reconnect.reconnect_delay", 2, 1..=3600)?;
         let loss = cx.int(
@@ -615,6 +640,7 @@ impl VolumeConfig {
             io_timeout: Duration::from_secs(io_timeout),
             header_digest: raw.io.header_digest,
             data_digest: raw.io.data_digest,
+            zero_copy,
             reconnect: ReconnectPolicy {
                 reconnect_delay: Duration::from_secs(delay as u64),
                 ctrl_loss_tmo: ReconnectPolicy::secs_or_never(loss),
@@ -1382,6 +1408,16 @@ endpoints = ["127.0.0.1:2379"]
         let e = parse(&EVOL.replace("pool-ev0", "bad/name")).unwrap_err();
         assert_eq!((e.line, e.field.as_str()), (4, "evol.name"), "{e}");
         assert!(e.to_string().contains("vol0.toml"), "names the file: {e}");
+    }
+
+    #[test]
+    fn zero_copy_is_auto_unless_turned_off() {
+        assert_eq!(parse(GOOD).unwrap().zero_copy, ZeroCopy::Auto);
+        let c = parse(&GOOD.replace("queues = 2", "queues = 2\nzero_copy = \"off\"")).unwrap();
+        assert_eq!(c.zero_copy, ZeroCopy::Off);
+        let e = parse(&GOOD.replace("queues = 2", "queues = 2\nzero_copy = \"yes\"")).unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (8, "io.zero_copy"), "{e}");
+        assert!(e.to_string().contains("\"auto\", \"off\""), "{e}");
     }
 
     #[test]

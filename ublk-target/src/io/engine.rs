@@ -123,6 +123,9 @@ struct Path {
     /// it is a direct one: that tag is not handed back to the driver until
     /// the `Recv` has completed (see [`rx_task`]).
     rx_direct_tag: Option<u16>,
+    /// Where in the request's data that direct `Recv` writes (zero copy
+    /// records what it received).
+    rx_direct_at: u32,
     /// When the last reconnect attempt failed (attempts are spaced by the
     /// reconnect delay).
     last_attempt: Option<Instant>,
@@ -146,6 +149,46 @@ pub struct Engine {
     /// path at most); the tag is not handed back to the driver while any
     /// is (see [`tx_task`]).
     tx_pins: Vec<u8>,
+    /// ublk zero copy, when the device runs with it.
+    zero_copy: Option<ZeroCopy>,
+}
+
+/// ublk zero copy on one queue (see [`crate::io::ublk`]): the driver
+/// registers each request's pages as the ring's fixed buffer number `tag`
+/// and copies nothing itself. A direct receive of read data then goes
+/// straight into those pages (`READ_FIXED` at the data's offset); the rest
+/// of a read's data (what came in a buffered receive with the headers, or
+/// zeros an eVol fills in) lands in the tag's buffer in our memory, as
+/// without zero copy, and the tag task copies just those ranges into the
+/// request before it commits ([`Engine::take_copied`]).
+struct ZeroCopy {
+    /// Per tag: where its buffer in our memory starts (a direct place in
+    /// it is turned into an offset into the request).
+    bases: Vec<usize>,
+    /// Per tag: byte ranges of the current request's data received
+    /// straight into its pages, in arrival order.
+    direct: Vec<Vec<(u32, u32)>>,
+}
+
+/// Where a direct receive writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectRecv {
+    /// Into our memory (the tag's buffer).
+    Mem {
+        /// Start.
+        ptr: *mut u8,
+        /// Length.
+        len: usize,
+    },
+    /// Into the request's pages: fixed buffer `tag`, at `offset`.
+    Fixed {
+        /// The tag (= its fixed buffer's index).
+        tag: u16,
+        /// Offset in the request's data.
+        offset: u32,
+        /// Length.
+        len: usize,
+    },
 }
 
 /// The engine's paths as the requests' [`PartSink`].
@@ -219,6 +262,7 @@ impl Engine {
                     tx_waker: None,
                     rx_waker: None,
                     rx_direct_tag: None,
+                    rx_direct_at: 0,
                     last_attempt: None,
                 });
             }
@@ -255,7 +299,38 @@ impl Engine {
             path_of,
             wakers: vec![None; usize::from(depth)],
             tx_pins: vec![0; usize::from(depth)],
+            zero_copy: None,
         }
+    }
+
+    /// The device runs with ublk's zero copy; `bases[tag]` is where tag
+    /// `tag`'s buffer in our memory starts.
+    pub fn set_zero_copy(&mut self, bases: Vec<usize>) {
+        let n = bases.len();
+        self.zero_copy = Some(ZeroCopy {
+            bases,
+            direct: vec![Vec::new(); n],
+        });
+        self.stats.zero_copy.store(true, Ordering::Relaxed);
+    }
+
+    /// Zero copy: the ranges of tag `tag`'s read data (`len` bytes) that
+    /// did not go straight into the request's pages, so must be copied
+    /// there from the tag's buffer; forgets the request's direct ranges.
+    /// Empty without zero copy.
+    pub fn take_copied(&mut self, tag: u16, len: u32) -> Vec<(u32, u32)> {
+        let Some(z) = self.zero_copy.as_mut() else {
+            return Vec::new();
+        };
+        let direct = &mut z.direct[usize::from(tag)];
+        let copied = uncovered(len, direct);
+        direct.clear();
+        let c: u64 = copied.iter().map(|&(a, b)| u64::from(b - a)).sum();
+        self.stats.zc_read_copied.fetch_add(c, Ordering::Relaxed);
+        self.stats
+            .zc_read_direct
+            .fetch_add(u64::from(len) - c, Ordering::Relaxed);
+        copied
     }
 
     /// How many NVMe/TCP queues (replicas x classes in use) this engine
@@ -367,6 +442,11 @@ impl Engine {
 
     /// Queue request `s`; what may go now is sent.
     pub fn submit(&mut self, s: Submission) {
+        if let Some(z) = self.zero_copy.as_mut() {
+            // A direct receive of the tag's previous request (pinned until
+            // it completed) is done by now.
+            z.direct[usize::from(s.tag)].clear();
+        }
         let at = Instant::now();
         let now = self.requests.now(at);
         let (req, mut sink) = self.split(at);
@@ -617,16 +697,26 @@ impl Engine {
 
     /// Where path `p`'s next `Recv` should write, if its connection is
     /// still `generation` and enough of a C2HData PDU's data is due: that
-    /// part of the tag's buffer. Records the tag as pinned until
-    /// [`Engine::on_direct`].
-    fn rx_place(&mut self, p: usize, generation: u64) -> Option<(*mut u8, usize)> {
+    /// part of the tag's buffer, or with zero copy, of the request's pages.
+    /// Records the tag as pinned until [`Engine::on_direct`].
+    fn rx_place(&mut self, p: usize, generation: u64) -> Option<DirectRecv> {
         let c = self.paths[p]
             .conn
             .as_mut()
             .filter(|c| c.generation == generation)?;
         let (tag, ptr, len) = direct_place(&mut c.queue)?;
-        self.paths[p].rx_direct_tag = Some(tag);
-        Some((ptr, len))
+        let path = &mut self.paths[p];
+        path.rx_direct_tag = Some(tag);
+        Some(match &self.zero_copy {
+            None => DirectRecv::Mem { ptr, len },
+            Some(z) => {
+                // The place is in the tag's buffer, at the same offset as
+                // in the request (a part's buffer is a window of it).
+                let offset = (ptr as usize - z.bases[usize::from(tag)]) as u32;
+                path.rx_direct_at = offset;
+                DirectRecv::Fixed { tag, offset, len }
+            }
+        })
     }
 
     /// How much path `p`'s next receive into the thread's buffer asks for
@@ -666,6 +756,14 @@ impl Engine {
     /// with `res`: the bytes are in the tag's buffer already.
     fn on_direct(&mut self, p: usize, generation: u64, res: i32) {
         let tag = self.paths[p].rx_direct_tag.take();
+        if let (Some(z), Some(t), true) = (self.zero_copy.as_mut(), tag, res > 0) {
+            // In the request's pages now, whatever becomes of this
+            // connection: the bytes are that read's data at its offsets
+            // (see `rx_task`), so they need no copy even if the read is
+            // redone elsewhere.
+            let at = self.paths[p].rx_direct_at;
+            z.direct[usize::from(t)].push((at, at + res as u32));
+        }
         if res > 0 {
             if let Some(c) = self.paths[p]
                 .conn
@@ -747,6 +845,29 @@ pub fn buffered_len(q: &Queue<TagBuf>) -> usize {
     } else {
         RX_BYTES
     }
+}
+
+/// The parts of `0..len` that no range in `covered` covers, in order
+/// (`covered` is sorted in place; ranges may overlap or repeat, as a read
+/// received again after a reconnect does).
+pub fn uncovered(len: u32, covered: &mut [(u32, u32)]) -> Vec<(u32, u32)> {
+    covered.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &(a, b) in covered.iter() {
+        if a > at {
+            out.push((at, a.min(len)));
+        }
+        at = at.max(b);
+        if at >= len {
+            break;
+        }
+    }
+    if at < len {
+        out.push((at, len));
+    }
+    out.retain(|&(a, b)| a < b);
+    out
 }
 
 /// Write data a send takes from a tag's buffer where it is.
@@ -1014,8 +1135,25 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
             let mut e = engine.borrow_mut();
             (e.rx_place(path, generation), e.rx_len(path))
         };
-        let (ptr, len) = direct.unwrap_or((buf.as_mut_ptr(), short.min(buf.len())));
-        let sqe = io_uring::opcode::Recv::new(io_uring::types::Fd(fd), ptr, len as u32).build();
+        let sqe = match direct {
+            None => {
+                let len = short.min(buf.len()) as u32;
+                io_uring::opcode::Recv::new(io_uring::types::Fd(fd), buf.as_mut_ptr(), len).build()
+            }
+            Some(DirectRecv::Mem { ptr, len }) => {
+                io_uring::opcode::Recv::new(io_uring::types::Fd(fd), ptr, len as u32).build()
+            }
+            // With a fixed buffer the address is the offset into it. A
+            // READ on a socket returns what has arrived, as Recv does;
+            // the socket has no file position (offset 0).
+            Some(DirectRecv::Fixed { tag, offset, len }) => io_uring::opcode::ReadFixed::new(
+                io_uring::types::Fd(fd),
+                offset as usize as *mut u8,
+                len as u32,
+                tag,
+            )
+            .build(),
+        };
         let res = op(sqe).await;
         let mut e = engine.borrow_mut();
         if direct.is_some() {
@@ -1159,6 +1297,54 @@ mod tests {
         assert_eq!(bytes(&iov), want);
         iovecs(&buf[..40], &placed[1..2], &mut iov);
         assert_eq!(iov.len(), 2, "nothing after the last piece");
+    }
+
+    #[test]
+    fn uncovered_is_the_complement_of_the_direct_ranges() {
+        assert_eq!(uncovered(100, &mut []), vec![(0, 100)]);
+        assert_eq!(uncovered(100, &mut [(0, 100)]), vec![]);
+        assert_eq!(uncovered(100, &mut [(8, 100)]), vec![(0, 8)]);
+        assert_eq!(
+            uncovered(100, &mut [(60, 90), (10, 40)]),
+            vec![(0, 10), (40, 60), (90, 100)]
+        );
+        // Overlaps and repeats (a read received again on a new connection).
+        assert_eq!(
+            uncovered(100, &mut [(10, 50), (20, 30), (10, 50), (45, 70)]),
+            vec![(0, 10), (70, 100)]
+        );
+        // Exhaustive against a byte map, small lengths.
+        for len in 0..12u32 {
+            for mask in 0u32..(1 << 6) {
+                let mut ranges: Vec<(u32, u32)> = (0..6)
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| {
+                        (
+                            (i * 5) % len.max(1),
+                            ((i * 5) % len.max(1) + i + 1).min(len),
+                        )
+                    })
+                    .collect();
+                let mut hit = vec![false; len as usize];
+                for &(a, b) in &ranges {
+                    for x in a..b {
+                        hit[x as usize] = true;
+                    }
+                }
+                let out = uncovered(len, &mut ranges);
+                let mut got = vec![true; len as usize];
+                for w in out.windows(2) {
+                    assert!(w[0].1 < w[1].0, "disjoint, in order, merged: {out:?}");
+                }
+                for &(a, b) in &out {
+                    assert!(a < b);
+                    for x in a..b {
+                        got[x as usize] = false;
+                    }
+                }
+                assert_eq!(got, hit, "len {len} ranges {ranges:?} -> {out:?}");
+            }
+        }
     }
 
     #[test]
