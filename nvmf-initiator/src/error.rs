@@ -201,7 +201,9 @@ pub enum Error {
         source: nvmf_proto::auth::AuthError,
     },
     /// A controller secret is configured (the target must prove its key),
-    /// but the target did not ask for authentication, so it proved nothing.
+    /// but the target did not ask for authentication on the admin queue,
+    /// so it proved nothing. (I/O queues may go without: their Connect
+    /// names the controller the admin queue authenticated.)
     #[error(
         "the target did not ask for authentication on queue {qid}, but dhchap_ctrl_secret \
          is set: refusing a controller that does not prove its key"

@@ -114,6 +114,9 @@ pub struct FakeConfig {
     /// When set, every queue of the NVM subsystem must authenticate
     /// (Connect ATR), as nvmet does for a host with a key.
     pub dhchap: Option<(DhchapSecret, Option<DhchapSecret>)>,
+    /// With `dhchap`: only the admin queue authenticates, as Linux's nvmet
+    /// does since 6.15 (I/O queues get no ATR).
+    pub dhchap_admin_only: bool,
 }
 
 impl Default for FakeConfig {
@@ -135,6 +138,7 @@ impl Default for FakeConfig {
             round_robin_only: false,
             fault: None,
             dhchap: None,
+            dhchap_admin_only: false,
         }
     }
 }
@@ -481,7 +485,8 @@ impl FakeConnection {
         self.qid = Some(c.qid);
         self.cntlid = cntlid;
         let mut authreq = AuthReq::NONE;
-        if let (Some((host, ctrl)), false) = (&cfg.dhchap, cd.subnqn == DISCOVERY_NQN) {
+        let skip = cd.subnqn == DISCOVERY_NQN || (cfg.dhchap_admin_only && c.qid > 0);
+        if let (Some((host, ctrl)), false) = (&cfg.dhchap, skip) {
             let mut a = CtrlAuthConfig::new(&cd.hostnqn, &cd.subnqn, host.clone());
             a.ctrl_secret = ctrl.clone();
             self.auth = CtrlAuth::new(Arc::new(a), c.qid).ok();

@@ -1590,7 +1590,14 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                     let qid = self.cfg.qid;
                     match (&self.cfg.auth, authreq.transaction_required()) {
                         (None, true) => return Err(Error::AuthenticationRequired { qid }),
-                        (Some(cfg), false) if cfg.ctrl_secret.is_some() => {
+                        // Only the admin queue must prove the controller's
+                        // key: an I/O queue's Connect names that controller
+                        // (CNTLID), already authenticated, and Linux's nvmet
+                        // authenticates only the admin queue since 6.15
+                        // ("Do not authenticate I/O queues" in
+                        // nvmet_connect_result), as its host expects (it
+                        // authenticates a queue only when ATR asks).
+                        (Some(cfg), false) if cfg.ctrl_secret.is_some() && qid == 0 => {
                             return Err(Error::ControllerNotAuthenticated { qid })
                         }
                         (Some(cfg), true) => {

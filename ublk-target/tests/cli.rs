@@ -254,6 +254,45 @@ fn clear_errors() {
 const HOST_KEY: &str = "DHHC-1:01:0GUMxintlD+1ntU08h7zQX+9eM5PTH0Hf6y+psRsmsIZCqCa:";
 const CTRL_KEY: &str = "DHHC-1:01:5NmdC6ei6ufThKzxcNLrVwG7B51dcFJp4loC4hNpFH00R4sa:";
 
+/// Linux's nvmet authenticates only the admin queue since 6.15: with both
+/// keys, the I/O queues connect without a transaction and carry I/O.
+#[test]
+fn dhchap_with_a_target_that_authenticates_only_the_admin_queue() {
+    use nvmf_proto::auth::DhchapSecret;
+    let t = FakeTarget::new(FakeConfig {
+        dhchap: Some((
+            DhchapSecret::parse(HOST_KEY).unwrap(),
+            Some(DhchapSecret::parse(CTRL_KEY).unwrap()),
+        )),
+        dhchap_admin_only: true,
+        ..FakeConfig::default()
+    });
+    let s = t.serve();
+    let port = s.addr().port().to_string();
+    let nqn = t.config().subnqn.clone();
+    let o = ublk_nvmf(&[
+        "bench",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port,
+        "-n",
+        &nqn,
+        "--hostnqn",
+        HOST,
+        "--dhchap-secret",
+        HOST_KEY,
+        "--dhchap-ctrl-secret",
+        CTRL_KEY,
+        "--runtime",
+        "1",
+        "--rw",
+        "randrw",
+        "--verify",
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+}
+
 #[test]
 fn dhchap_options_with_nvme_cli_names() {
     use nvmf_proto::auth::DhchapSecret;
