@@ -254,6 +254,12 @@ fn clear_errors() {
 const HOST_KEY: &str = "DHHC-1:01:0GUMxintlD+1ntU08h7zQX+9eM5PTH0Hf6y+psRsmsIZCqCa:";
 const CTRL_KEY: &str = "DHHC-1:01:5NmdC6ei6ufThKzxcNLrVwG7B51dcFJp4loC4hNpFH00R4sa:";
 
+/// The options that reach a fake target on `port` with subsystem `nqn`, as
+/// host `HOST`.
+fn target_args<'a>(port: &'a str, nqn: &'a str) -> [&'a str; 8] {
+    ["-a", "127.0.0.1", "-s", port, "-n", nqn, "--hostnqn", HOST]
+}
+
 /// Linux's nvmet authenticates only the admin queue since 6.15: with both
 /// keys, the I/O queues connect without a transaction and carry I/O.
 #[test]
@@ -270,16 +276,9 @@ fn dhchap_with_a_target_that_authenticates_only_the_admin_queue() {
     let s = t.serve();
     let port = s.addr().port().to_string();
     let nqn = t.config().subnqn.clone();
-    let o = ublk_nvmf(&[
-        "bench",
-        "-a",
-        "127.0.0.1",
-        "-s",
-        &port,
-        "-n",
-        &nqn,
-        "--hostnqn",
-        HOST,
+    let mut args = vec!["bench"];
+    args.extend_from_slice(&target_args(&port, &nqn));
+    args.extend_from_slice(&[
         "--dhchap-secret",
         HOST_KEY,
         "--dhchap-ctrl-secret",
@@ -290,6 +289,7 @@ fn dhchap_with_a_target_that_authenticates_only_the_admin_queue() {
         "randrw",
         "--verify",
     ]);
+    let o = ublk_nvmf(&args);
     assert!(o.status.success(), "{}", text(&o).1);
 }
 
@@ -306,16 +306,7 @@ fn dhchap_options_with_nvme_cli_names() {
     let s = t.serve();
     let port = s.addr().port().to_string();
     let nqn = t.config().subnqn.clone();
-    let base = [
-        "-a",
-        "127.0.0.1",
-        "-s",
-        &port,
-        "-n",
-        &nqn,
-        "--hostnqn",
-        HOST,
-    ];
+    let base = target_args(&port, &nqn);
     let run = |cmd: &str, extra: &[&str]| {
         let mut args = vec![cmd];
         args.extend_from_slice(&base);
