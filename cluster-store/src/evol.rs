@@ -258,6 +258,24 @@ pub enum MapOutcome {
     NotLeader,
 }
 
+/// What a guarded change ([`Store::unmap_extent`], [`Store::update_evol`],
+/// [`Store::delete_evol`]) did. Each can be retried after an ambiguous
+/// failure (a timeout after etcd committed): the retry reports
+/// `AlreadyDone`, not `Changed`, so a lost answer never looks like a
+/// conflict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeOutcome {
+    /// This call made the change.
+    Done,
+    /// The key already held what the change would leave (an earlier
+    /// attempt committed).
+    AlreadyDone,
+    /// The key holds something else: the caller's copy is stale; reread.
+    Changed,
+    /// The caller is not the leader any more.
+    NotLeader,
+}
+
 /// One inconsistency [`check`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finding {
@@ -580,7 +598,7 @@ impl Store {
     }
 
     /// Unmaps logical extent `index` of `evol` (a discard of the whole
-    /// extent), as the leader; whether it was mapped so. Its physical
+    /// extent), as the leader, if it is still mapped as `rec`. Its physical
     /// extents are not freed: their `pext` keys become zeroing records
     /// ([`PextRecord::freed_from`]) in the same transaction (rule 5), and
     /// [`Store::finish_zeroing`] frees each once it reads as zeros. The
@@ -592,15 +610,12 @@ impl Store {
         keys: &EvolKeys,
         lead: Leadership,
         rec: &ExtentRecord,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<ChangeOutcome, StoreError> {
         let ekey = keys.extent(&rec.evol, rec.index);
         let back = encode(&PextRecord::used_by(&rec.evol, rec.index));
         let freed = encode(&PextRecord::freed_from(&rec.evol, rec.index));
-        let mut when = vec![
-            leader_guard(keys, lead),
-            Compare::value(ekey.clone(), CompareOp::Equal, encode(rec)),
-        ];
-        let mut ops = vec![TxnOp::delete(ekey, None)];
+        let mut when = vec![Compare::value(ekey.clone(), CompareOp::Equal, encode(rec))];
+        let mut ops = vec![TxnOp::delete(ekey.clone(), None)];
         for c in &rec.copies {
             // Only back pointers to this extent: never free a physical
             // extent another mapping uses.
@@ -608,8 +623,10 @@ impl Store {
             when.push(Compare::value(k.clone(), CompareOp::Equal, back.clone()));
             ops.push(TxnOp::put(k, freed.clone(), None));
         }
-        let txn = Txn::new().when(when).and_then(ops);
-        Ok(self.txn(txn)?.succeeded())
+        // Gone: whoever removed the mapping made its physical extents
+        // zeroing records in the same transaction (this call's earlier
+        // attempt, or a leader before).
+        self.guarded_change(keys, lead, &ekey, when, ops, |v| v.is_none())
     }
 
     /// The record in physical extent `copy`'s `pext` key (None: free).
@@ -706,8 +723,8 @@ impl Store {
     }
 
     /// Replaces eVol `old`'s spec with `new` (as the leader), if the spec
-    /// in etcd is still `old`: whether it was replaced. The caller keeps
-    /// what an index means (extent size) and never shrinks (mapped
+    /// in etcd is still `old` (`AlreadyDone` if it is `new`). The caller
+    /// keeps what an index means (extent size) and never shrinks (mapped
     /// extents beyond the new end would dangle).
     pub fn update_evol(
         &self,
@@ -715,19 +732,21 @@ impl Store {
         lead: Leadership,
         old: &EvolSpec,
         new: &EvolSpec,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<ChangeOutcome, StoreError> {
         let key = keys.spec(&old.name);
-        let txn = Txn::new()
-            .when([
-                leader_guard(keys, lead),
-                Compare::value(key.clone(), CompareOp::Equal, encode(old)),
-            ])
-            .and_then([TxnOp::put(key, encode(new), None)]);
-        Ok(self.txn(txn)?.succeeded())
+        let want = encode(new);
+        self.guarded_change(
+            keys,
+            lead,
+            &key,
+            vec![Compare::value(key.clone(), CompareOp::Equal, encode(old))],
+            vec![TxnOp::put(key.clone(), want.clone(), None)],
+            |v| v == Some(want.as_bytes()),
+        )
     }
 
     /// Deletes eVol `spec`'s spec key (as the leader), if it is still
-    /// `spec`: whether it was deleted. Unmap its extents first
+    /// `spec` (`AlreadyDone` if it is absent). Unmap its extents first
     /// ([`Store::unmap_extent`]): a mapping left behind would hold its
     /// physical extents for a volume nobody can name.
     pub fn delete_evol(
@@ -735,15 +754,53 @@ impl Store {
         keys: &EvolKeys,
         lead: Leadership,
         spec: &EvolSpec,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<ChangeOutcome, StoreError> {
         let key = keys.spec(&spec.name);
+        self.guarded_change(
+            keys,
+            lead,
+            &key,
+            vec![Compare::value(key.clone(), CompareOp::Equal, encode(spec))],
+            vec![TxnOp::delete(key.clone(), None)],
+            |v| v.is_none(),
+        )
+    }
+
+    /// One transaction: `ops` if this instance leads and `when` holds;
+    /// else, from `key`'s value as read in the same transaction, whether
+    /// the change is there already (`done`) or something else is.
+    fn guarded_change(
+        &self,
+        keys: &EvolKeys,
+        lead: Leadership,
+        key: &str,
+        when: Vec<Compare>,
+        ops: Vec<TxnOp>,
+        done: impl FnOnce(Option<&[u8]>) -> bool,
+    ) -> Result<ChangeOutcome, StoreError> {
+        let mut guards = vec![leader_guard(keys, lead)];
+        guards.extend(when);
         let txn = Txn::new()
-            .when([
-                leader_guard(keys, lead),
-                Compare::value(key.clone(), CompareOp::Equal, encode(spec)),
-            ])
-            .and_then([TxnOp::delete(key, None)]);
-        Ok(self.txn(txn)?.succeeded())
+            .when(guards)
+            .and_then(ops)
+            .or_else([TxnOp::get(keys.leader(), None), TxnOp::get(key, None)]);
+        let resp = self.txn(txn)?;
+        if resp.succeeded() {
+            return Ok(ChangeOutcome::Done);
+        }
+        let r = resp.op_responses();
+        if !leader_is(&r, lead) {
+            return Ok(ChangeOutcome::NotLeader);
+        }
+        let value = match r.get(1) {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.value()),
+            _ => None,
+        };
+        Ok(if done(value) {
+            ChangeOutcome::AlreadyDone
+        } else {
+            ChangeOutcome::Changed
+        })
     }
 
     /// Reads the whole eVol layer at one revision (for [`check`], and for

@@ -7,8 +7,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use cluster_store::evol::{
-    check, EvolKeys, EvolSpec, Finding, LeaderRecord, Leadership, MapOutcome, NamespaceRecord,
-    PextRecord, Placement, ZeroingOutcome, DEFAULT_EXTENT_BYTES,
+    check, ChangeOutcome, EvolKeys, EvolSpec, Finding, LeaderRecord, Leadership, MapOutcome,
+    NamespaceRecord, PextRecord, Placement, ZeroingOutcome, DEFAULT_EXTENT_BYTES,
 };
 use cluster_store::records::SCHEMA;
 use cluster_store::testing::EtcdCluster;
@@ -156,8 +156,30 @@ fn an_extent_is_mapped_once_and_a_physical_extent_never_twice() {
     assert_eq!(s.read_extents(&keys, "v").unwrap(), won);
 
     // A discard of the whole extent leaves its physical extents waiting
-    // for zeroing (rule 5): in etcd, not free, not orphans.
-    assert!(s.unmap_extent(&keys, l, &won[0]).unwrap());
+    // for zeroing (rule 5): in etcd, not free, not orphans. Only the
+    // mapping held is unmapped, only by the leader.
+    let mut stale = won[0].clone();
+    stale.copies[1] = at("n2", 7);
+    assert_eq!(
+        s.unmap_extent(&keys, l, &stale).unwrap(),
+        ChangeOutcome::Changed
+    );
+    let other = Leadership {
+        revision: l.revision + 1000,
+    };
+    assert_eq!(
+        s.unmap_extent(&keys, other, &won[0]).unwrap(),
+        ChangeOutcome::NotLeader
+    );
+    assert_eq!(
+        s.unmap_extent(&keys, l, &won[0]).unwrap(),
+        ChangeOutcome::Done
+    );
+    // A retry whose first attempt committed (its answer lost) is told so.
+    assert_eq!(
+        s.unmap_extent(&keys, l, &won[0]).unwrap(),
+        ChangeOutcome::AlreadyDone
+    );
     let pool = s.read_pool(&keys).unwrap();
     assert!(pool.extents.is_empty() && pool.pexts.is_empty());
     assert_eq!(check(&pool), vec![], "zeroing is no finding: {pool:?}");
@@ -173,9 +195,6 @@ fn an_extent_is_mapped_once_and_a_physical_extent_never_twice() {
         "never mapped before it is zeroed"
     );
     // Only the leader frees it, and only from the record it read.
-    let other = Leadership {
-        revision: l.revision + 1000,
-    };
     assert_eq!(
         s.finish_zeroing(&keys, other, &first, &freed).unwrap(),
         ZeroingOutcome::NotLeader
@@ -201,6 +220,37 @@ fn an_extent_is_mapped_once_and_a_physical_extent_never_twice() {
     let pool = s.read_pool(&keys).unwrap();
     assert_eq!(check(&pool), vec![], "{pool:?}");
     assert_eq!((pool.pexts.len(), pool.zeroing.len()), (2, 1));
+
+    // Spec changes: from the spec held only, retries told they committed.
+    let w = spec("w");
+    let grown = EvolSpec {
+        size_bytes: 2 * w.size_bytes,
+        ..w.clone()
+    };
+    assert_eq!(
+        s.update_evol(&keys, other, &w, &grown).unwrap(),
+        ChangeOutcome::NotLeader
+    );
+    let bigger = EvolSpec {
+        size_bytes: 3 * w.size_bytes,
+        ..w.clone()
+    };
+    assert_eq!(
+        s.update_evol(&keys, l, &grown, &bigger).unwrap(),
+        ChangeOutcome::Changed,
+        "the spec is not the one held"
+    );
+    for want in [ChangeOutcome::Done, ChangeOutcome::AlreadyDone] {
+        assert_eq!(s.update_evol(&keys, l, &w, &grown).unwrap(), want);
+    }
+    assert_eq!(
+        s.delete_evol(&keys, l, &w).unwrap(),
+        ChangeOutcome::Changed,
+        "the spec is the grown one"
+    );
+    for want in [ChangeOutcome::Done, ChangeOutcome::AlreadyDone] {
+        assert_eq!(s.delete_evol(&keys, l, &grown).unwrap(), want);
+    }
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use cluster_store::evol::{EvolKeys, LeaderRecord, MapOutcome, Placement};
+use cluster_store::evol::{ChangeOutcome, EvolKeys, LeaderRecord, MapOutcome, Placement};
 use cluster_store::records::SCHEMA;
 use cluster_store::testing::EtcdCluster;
 use cluster_store::watch::{ExtentEvent, ExtentWatch};
@@ -68,7 +68,10 @@ fn the_watch_sees_mappings_made_after_the_read_and_before_it_started() {
         e => panic!("{e:?}"),
     }
     let rec = s.read_extents_at(&keys, "v").unwrap().extents[0].clone();
-    assert!(s.unmap_extent(&keys, lead, &rec).unwrap());
+    assert_eq!(
+        s.unmap_extent(&keys, lead, &rec).unwrap(),
+        ChangeOutcome::Done
+    );
     assert_eq!(next(), ExtentEvent::Unmapped(0));
     w.stop();
 }

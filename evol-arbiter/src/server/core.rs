@@ -62,6 +62,9 @@ pub(crate) struct Core {
     pub volumes: BTreeMap<String, (VolumeId, EvolSpec)>,
     vol_ids: BTreeMap<String, VolumeId>,
     pub deleting: BTreeSet<String>,
+    /// Physical extents deletes have freed so far, per eVol, over their
+    /// attempts: a delete retried after a lost answer reports them all.
+    pub delete_freed: BTreeMap<String, u64>,
     pub tentative: BTreeMap<(VolumeId, u64), Tentative>,
     /// Physical extents waiting for zeroing, (namespace, pext) -> their
     /// zeroing record in etcd: read at election, added by unmaps, removed
@@ -122,6 +125,7 @@ impl Core {
             volumes: BTreeMap::new(),
             vol_ids: BTreeMap::new(),
             deleting: BTreeSet::new(),
+            delete_freed: BTreeMap::new(),
             tentative: BTreeMap::new(),
             zeroing: BTreeMap::new(),
             sessions: BTreeMap::new(),

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use cluster_store::evol::{
-    EvolKeys, EvolSpec, LeaderRecord, Leadership, MapOutcome, NamespaceRecord,
+    ChangeOutcome, EvolKeys, EvolSpec, LeaderRecord, Leadership, MapOutcome, NamespaceRecord,
 };
 use cluster_store::records::SCHEMA;
 use cluster_store::{Store, StoreConfig, StoreError};
@@ -196,6 +196,27 @@ impl Shared {
             locks.retain(|_, l| Arc::strong_count(l) > 1);
         }
         Arc::clone(locks.entry((evol.to_owned(), index)).or_default())
+    }
+
+    /// The refusal of a guarded change that found `what` not as this
+    /// leader holds it (`Changed`: reread the pool, so that the caller's
+    /// retry works from etcd's state) or another leader (`NotLeader`:
+    /// stop leading).
+    async fn stale(self: &Arc<Self>, outcome: ChangeOutcome, what: &str) -> Status {
+        if outcome == ChangeOutcome::NotLeader {
+            self.depose(&format!("changing {what} found another leader"));
+            return self
+                .leading()
+                .err()
+                .unwrap_or_else(|| Status::unavailable("leadership lost; retry"));
+        }
+        log::warn!("{what} in etcd is not the one this arbiter held; reloading the pool");
+        match self.reload().await {
+            Ok(()) => Status::aborted(format!(
+                "{what} changed in etcd; the pool is read again; retry"
+            )),
+            Err(e) => e,
+        }
     }
 
     /// Reads the pool again and rebuilds the catalog (after a grow, or a
@@ -692,26 +713,30 @@ impl Arbiter for Service {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let records = s.with_core(|c| Ok(c.records_of(&r.name)))?;
-        let mut freed = 0u64;
+        // Every step may be retried after a lost answer (the client sends
+        // the delete again; etcd may have committed): AlreadyDone counts
+        // as done.
         for rec in records {
             let rc = rec.clone();
-            let ok = s.etcd(move |st, k| st.unmap_extent(k, lead, &rc)).await;
-            match ok {
-                Ok(true) => {
-                    freed += rec.copies.len() as u64;
+            let outcome = s.etcd(move |st, k| st.unmap_extent(k, lead, &rc)).await;
+            match outcome {
+                Ok(ChangeOutcome::Done | ChangeOutcome::AlreadyDone) => {
                     s.with_core(|c| {
                         c.unmapped(vid, &rec);
+                        *c.delete_freed.entry(r.name.clone()).or_default() +=
+                            rec.copies.len() as u64;
                         Ok(())
                     })?;
                     s.zeroing_wake.notify_one();
                 }
-                Ok(false) => {
+                Ok(other) => {
                     let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
-                    s.leading()?;
-                    return Err(Status::aborted(format!(
-                        "eVol {} extent {}: its mapping in etcd is not the one this arbiter holds; run `evol-arbiter check`",
-                        r.name, rec.index
-                    )));
+                    return Err(s
+                        .stale(
+                            other,
+                            &format!("eVol {} extent {}'s mapping", r.name, rec.index),
+                        )
+                        .await);
                 }
                 Err(e) => {
                     let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
@@ -720,12 +745,13 @@ impl Arbiter for Service {
             }
         }
         let sp = spec.clone();
-        match s.etcd(move |st, k| st.delete_evol(k, lead, &sp)).await {
-            Ok(true) => {
-                s.with_core(|c| {
+        let outcome = s.etcd(move |st, k| st.delete_evol(k, lead, &sp)).await;
+        let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
+        match outcome? {
+            ChangeOutcome::Done | ChangeOutcome::AlreadyDone => {
+                let freed = s.with_core(|c| {
                     c.remove_volume(&r.name);
-                    c.deleting.remove(&r.name);
-                    Ok(())
+                    Ok(c.delete_freed.remove(&r.name).unwrap_or(0))
                 })?;
                 log::info!(
                     "eVol {} deleted ({freed} physical extents freed; they are zeroed before reuse)",
@@ -735,15 +761,7 @@ impl Arbiter for Service {
                     freed_extents: freed,
                 }))
             }
-            Ok(false) => {
-                let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
-                s.leading()?;
-                Err(Status::aborted("the eVol's spec changed in etcd; retry"))
-            }
-            Err(e) => {
-                let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
-                Err(e)
-            }
+            other => Err(s.stale(other, &format!("eVol {}'s spec", r.name)).await),
         }
     }
 
@@ -788,9 +806,9 @@ impl Arbiter for Service {
                 ..old.clone()
             };
             let (o, n) = (old.clone(), new.clone());
-            if !s.etcd(move |st, k| st.update_evol(k, lead, &o, &n)).await? {
-                s.leading()?;
-                return Err(Status::aborted("the eVol's spec changed in etcd; retry"));
+            match s.etcd(move |st, k| st.update_evol(k, lead, &o, &n)).await? {
+                ChangeOutcome::Done | ChangeOutcome::AlreadyDone => {}
+                other => return Err(s.stale(other, &format!("eVol {}'s spec", r.name)).await),
             }
             log::info!("eVol {} grown to {size} bytes", r.name);
             s.reload().await?;
