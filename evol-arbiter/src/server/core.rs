@@ -444,6 +444,8 @@ impl Core {
             .map_err(flint_status)?;
         self.auction.set_volume_weight(id, spec.weight);
         self.volumes.insert(spec.name.clone(), (id, spec.clone()));
+        // A delete of an earlier eVol of this name that never finished.
+        self.delete_freed.remove(&spec.name);
         Ok(id)
     }
 
