@@ -423,23 +423,38 @@ pub fn check(view: &PoolView) -> Vec<Finding> {
 
 impl Store {
     /// Campaigns for leadership with `me` (bound to `me.lease`): the
-    /// leadership if the key was free, `None` if another arbiter leads.
+    /// leadership if the key was free (or already holds `me`: an earlier
+    /// attempt committed whose answer was lost), `None` if another arbiter
+    /// leads.
     pub fn campaign(
         &self,
         keys: &EvolKeys,
         me: &LeaderRecord,
     ) -> Result<Option<Leadership>, StoreError> {
         let key = keys.leader();
+        let mine = encode(me);
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
                 key.clone(),
-                encode(me),
+                mine.clone(),
                 Some(PutOptions::new().with_lease(me.lease)),
-            )]);
+            )])
+            .or_else([TxnOp::get(key.clone(), None)]);
         let resp = self.txn(txn)?;
         if !resp.succeeded() {
-            return Ok(None);
+            // Same record, same lease: this instance's own win.
+            let won = match resp.op_responses().first() {
+                Some(TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .first()
+                    .filter(|kv| kv.value() == mine.as_bytes() && kv.lease() == me.lease)
+                    .map(|kv| Leadership {
+                        revision: kv.create_revision(),
+                    }),
+                _ => None,
+            };
+            return Ok(won);
         }
         // The create revision of the key just put is the transaction's
         // revision.
@@ -455,6 +470,29 @@ impl Store {
         resp.kvs()
             .first()
             .map(|kv| decode(kv.value()).map_err(|r| bad(&key, r)))
+            .transpose()
+    }
+
+    /// The current leader with its leadership (the leader key's create
+    /// revision, what guarded writes compare): for tools acting on the
+    /// leader's behalf, and tests.
+    pub fn leadership(
+        &self,
+        keys: &EvolKeys,
+    ) -> Result<Option<(LeaderRecord, Leadership)>, StoreError> {
+        let key = keys.leader();
+        let resp = self.get(&key, None)?;
+        resp.kvs()
+            .first()
+            .map(|kv| {
+                let rec = decode(kv.value()).map_err(|r| bad(&key, r))?;
+                Ok((
+                    rec,
+                    Leadership {
+                        revision: kv.create_revision(),
+                    },
+                ))
+            })
             .transpose()
     }
 

@@ -357,8 +357,28 @@ impl Store {
         mode: AttachMode,
     ) -> Result<Attached, StoreError> {
         const ATTEMPTS: u32 = 5;
+        // The owner before this call, as its first read saw it.
+        let mut before: Option<Option<OwnerRecord>> = None;
         for _ in 0..ATTEMPTS {
             let view = self.read(keys, volume)?;
+            if let Some(o) = view.owner.as_ref().filter(|o| o.lease == lease) {
+                if o.host_nqn == host_nqn {
+                    // Owned under this call's lease: an attempt committed
+                    // whose answer was lost (`run` retried it on another
+                    // member, or the caller retried). Taking it again
+                    // would bump the epoch a second time and name this
+                    // host as its own predecessor.
+                    let mut view = view.clone();
+                    view.spec = Some(spec.clone());
+                    return Ok(Attached {
+                        epoch: o.epoch,
+                        owner: o.clone(),
+                        previous: before.flatten(),
+                        view,
+                    });
+                }
+            }
+            before.get_or_insert_with(|| view.owner.clone());
             if let Some(s) = &view.spec {
                 if let Some(reason) = s.mismatch(spec) {
                     return Err(StoreError::Mismatch {
@@ -479,15 +499,18 @@ impl Store {
         })
     }
 
-    /// Puts the owner record again under `lease` if the epoch is still
-    /// `epoch` and nobody owns the volume (this host's lease expired while
-    /// it was paused, and nobody took over meanwhile).
+    /// Puts the owner record again under `owner.lease` if the epoch is
+    /// still `owner.epoch` and nobody owns the volume (this host's lease
+    /// expired while it was paused, and nobody took over meanwhile). The
+    /// owner record now in etcd: `owner`, or this host's record of the
+    /// same epoch under another lease (an earlier reclaim committed whose
+    /// answer was lost): the caller keeps that lease alive instead.
     pub fn reclaim(
         &self,
         keys: &VolumeKeys,
         volume: &str,
         owner: &OwnerRecord,
-    ) -> Result<(), StoreError> {
+    ) -> Result<OwnerRecord, StoreError> {
         let txn = Txn::new()
             .when([
                 Compare::value(keys.epoch(), CompareOp::Equal, owner.epoch.to_string()),
@@ -503,12 +526,17 @@ impl Store {
             async move { c.txn(txn).await }
         })?;
         if resp.succeeded() {
-            return Ok(());
+            return Ok(owner.clone());
         }
         let view = self.read(keys, volume)?;
-        if view.epoch == owner.epoch && view.owner.as_ref() == Some(owner) {
-            // An earlier attempt committed (see `put_health`).
-            return Ok(());
+        if let Some(o) = view.owner.as_ref().filter(|o| {
+            view.epoch == owner.epoch && o.epoch == owner.epoch && o.host_nqn == owner.host_nqn
+        }) {
+            // An earlier attempt committed (see `put_health`), maybe one
+            // of an earlier reclaim under another lease: one server per
+            // host serves a volume (its state directory's lock), so a
+            // record of this host and epoch is this server's.
+            return Ok(o.clone());
         }
         Err(StoreError::NotOwner {
             volume: volume.to_owned(),

@@ -186,3 +186,82 @@ fn one_member_down_changes_nothing_and_a_lost_quorum_is_reported_not_waited_on()
     assert!(r.is_some(), "quorum back: the write goes through");
     assert_eq!(s.read(&keys, "q").unwrap().health, Some(next));
 }
+
+/// A guarded write sent again after its answer was lost (etcd committed
+/// it; `Store::run` retried on the next member, or the caller retried)
+/// finds its own commit instead of applying twice or reporting a
+/// conflict.
+#[test]
+fn writes_sent_again_after_a_lost_answer_find_their_own_commit() {
+    let c = EtcdCluster::start(3);
+    let keys = VolumeKeys::new("/t", "again");
+    let s = store(&c);
+    let la = s.grant_lease(Duration::from_secs(30)).unwrap();
+    let a = s
+        .attach(
+            &keys,
+            "again",
+            &spec(),
+            "nqn.host:a",
+            la,
+            AttachMode::Attach,
+        )
+        .unwrap();
+    let again = s
+        .attach(
+            &keys,
+            "again",
+            &spec(),
+            "nqn.host:a",
+            la,
+            AttachMode::Attach,
+        )
+        .unwrap();
+    assert_eq!(again.epoch, a.epoch, "the epoch moves once");
+    assert_eq!(s.read(&keys, "again").unwrap().epoch, a.epoch);
+    // A takeover: once, and its predecessor is the other host.
+    let lb = s.grant_lease(Duration::from_secs(30)).unwrap();
+    let b = s
+        .attach(
+            &keys,
+            "again",
+            &spec(),
+            "nqn.host:b",
+            lb,
+            AttachMode::Takeover,
+        )
+        .unwrap();
+    let b2 = s
+        .attach(
+            &keys,
+            "again",
+            &spec(),
+            "nqn.host:b",
+            lb,
+            AttachMode::Takeover,
+        )
+        .unwrap();
+    assert_eq!((b.epoch, b2.epoch), (a.epoch + 1, a.epoch + 1));
+    assert_eq!(b.previous.unwrap().host_nqn, "nqn.host:a");
+    assert_eq!(s.read(&keys, "again").unwrap().epoch, b.epoch);
+    // b's owner key gone (as when its lease lapses): a reclaim under a
+    // new lease, then another under a third, which adopts the second's.
+    assert!(s.release(&keys, b.epoch).unwrap());
+    let mut rec = b.owner.clone();
+    rec.lease = s.grant_lease(Duration::from_secs(30)).unwrap();
+    assert_eq!(s.reclaim(&keys, "again", &rec).unwrap(), rec);
+    let mut third = rec.clone();
+    third.lease = s.grant_lease(Duration::from_secs(30)).unwrap();
+    assert_eq!(
+        s.reclaim(&keys, "again", &third).unwrap().lease,
+        rec.lease,
+        "the record in etcd, under the earlier reclaim's lease"
+    );
+    // Another host's record of the epoch is not ours.
+    let mut other = third.clone();
+    other.host_nqn = "nqn.host:c".into();
+    assert!(matches!(
+        s.reclaim(&keys, "again", &other),
+        Err(StoreError::NotOwner { .. })
+    ));
+}

@@ -67,6 +67,11 @@ fn only_the_leader_mutates_and_a_deposed_leader_cannot() {
         .campaign(&keys, &a)
         .unwrap()
         .expect("a wins a free election");
+    assert_eq!(
+        s.campaign(&keys, &a).unwrap(),
+        Some(la),
+        "a campaign sent again after a lost answer finds its own win"
+    );
     assert_eq!(s.campaign(&keys, &b).unwrap(), None, "b stands by");
     assert_eq!(s.leader(&keys).unwrap().unwrap().id, "arbiter-a");
     assert!(s.put_namespace(&keys, la, &ns("n0", "t0", 16)).unwrap());

@@ -198,4 +198,43 @@ fn freed_extents_are_zeroed_before_reuse_across_a_failover_and_owned_evols_stay(
     for p in &again {
         assert!(read_extent(&h, *p).iter().all(|b| *b == 0));
     }
+
+    // A mapping in etcd the leader does not hold (an allocation committed
+    // whose answer was lost; the leader rolled it back): a delete still
+    // unmaps it, so nothing of the eVol survives its spec.
+    c.create_volume("o", EXTENTS * EXTENT, 1, 1).unwrap();
+    let known = map(&c, "o", 0..1)[0];
+    let orphan = *again.iter().find(|p| **p != known).unwrap();
+    let (_, lead) = store
+        .leadership(&EvolKeys::new(PREFIX))
+        .unwrap()
+        .expect("a leader");
+    let ns = sound(&store).extents[0].copies[0].namespace.clone();
+    let committed = store
+        .map_extent(
+            &EvolKeys::new(PREFIX),
+            lead,
+            "o",
+            1,
+            &[cluster_store::evol::Placement {
+                namespace: ns,
+                pext: orphan,
+            }],
+        )
+        .unwrap();
+    assert!(
+        matches!(committed, cluster_store::evol::MapOutcome::Mapped(_)),
+        "{committed:?}"
+    );
+    assert_eq!(c.delete_volume("o", false).unwrap(), 2);
+    wait_for("the zeroing to finish", || {
+        let st = c.status().ok()?;
+        (st.zeroing_extents == 0 && st.free_extents == EXTENTS).then_some(())
+    });
+    let view = sound(&store);
+    assert!(
+        view.extents.iter().all(|e| e.evol != "o"),
+        "a mapping of the deleted eVol survived: {view:?}"
+    );
+    assert_eq!(view.pexts.len(), EXTENTS as usize, "w's");
 }

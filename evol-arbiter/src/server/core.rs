@@ -468,9 +468,11 @@ impl Core {
     }
 
     /// `rec` is unmapped (durably; its `pext` keys are zeroing records):
-    /// its physical extents wait for zeroing.
-    pub fn unmapped(&mut self, vid: VolumeId, rec: &ExtentRecord) {
-        if self.catalog.unmap(vid, LogicalExtent(rec.index)).is_ok() {
+    /// its physical extents wait for zeroing. Whether the catalog held
+    /// the mapping (if not, only a rebuild from etcd knows its extents).
+    pub fn unmapped(&mut self, vid: VolumeId, rec: &ExtentRecord) -> bool {
+        let held = self.catalog.unmap(vid, LogicalExtent(rec.index)).is_ok();
+        if held {
             for c in &rec.copies {
                 self.zeroing.insert(
                     (c.namespace.clone(), c.pext),
@@ -478,21 +480,7 @@ impl Core {
                 );
             }
         }
-    }
-
-    /// Every mapping of an eVol, as stored.
-    pub fn records_of(&self, name: &str) -> Vec<ExtentRecord> {
-        let Some((vid, _)) = self.volumes.get(name) else {
-            return Vec::new();
-        };
-        self.catalog
-            .volume(*vid)
-            .map(|(_, m)| {
-                m.iter()
-                    .map(|(l, mapping)| self.record_of(name, l.0, mapping))
-                    .collect()
-            })
-            .unwrap_or_default()
+        held
     }
 
     /// A new namespace record, durable: into the catalog, or a rebuild is

@@ -712,17 +712,30 @@ impl Arbiter for Service {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let records = s.with_core(|c| Ok(c.records_of(&r.name)))?;
+        // The mappings in etcd, not the catalog's: an allocation whose
+        // answer was lost may have committed a mapping the catalog rolled
+        // back; left behind, it would survive the spec and expose its data
+        // to the next eVol of this name.
+        let name = r.name.clone();
+        let records = match s.etcd(move |st, k| st.read_extents(k, &name)).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
+                return Err(e);
+            }
+        };
+        let mut unknown = false;
         // Every step may be retried after a lost answer (the client sends
         // the delete again; etcd may have committed): AlreadyDone counts
-        // as done.
+        // as done. After an error the eVol stays `deleting` (some extents
+        // may be unmapped already): no allocation until a retry finishes.
         for rec in records {
             let rc = rec.clone();
             let outcome = s.etcd(move |st, k| st.unmap_extent(k, lead, &rc)).await;
             match outcome {
                 Ok(ChangeOutcome::Done | ChangeOutcome::AlreadyDone) => {
                     s.with_core(|c| {
-                        c.unmapped(vid, &rec);
+                        unknown |= !c.unmapped(vid, &rec);
                         *c.delete_freed.entry(r.name.clone()).or_default() +=
                             rec.copies.len() as u64;
                         Ok(())
@@ -730,7 +743,6 @@ impl Arbiter for Service {
                     s.zeroing_wake.notify_one();
                 }
                 Ok(other) => {
-                    let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
                     return Err(s
                         .stale(
                             other,
@@ -738,21 +750,27 @@ impl Arbiter for Service {
                         )
                         .await);
                 }
-                Err(e) => {
-                    let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         }
         let sp = spec.clone();
         let outcome = s.etcd(move |st, k| st.delete_evol(k, lead, &sp)).await;
-        let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
         match outcome? {
             ChangeOutcome::Done | ChangeOutcome::AlreadyDone => {
                 let freed = s.with_core(|c| {
                     c.remove_volume(&r.name);
+                    c.deleting.remove(&r.name);
                     Ok(c.delete_freed.remove(&r.name).unwrap_or(0))
                 })?;
+                if unknown {
+                    // Mappings the catalog did not hold: their physical
+                    // extents wait for zeroing in etcd; read them in.
+                    log::warn!(
+                        "eVol {}: etcd held mappings this arbiter did not (an allocation's answer was lost); reloading the pool",
+                        r.name
+                    );
+                    s.reload().await?;
+                }
                 log::info!(
                     "eVol {} deleted ({freed} physical extents freed; they are zeroed before reuse)",
                     r.name

@@ -659,6 +659,25 @@ impl ClusterLink {
                 self.fence_self(e.to_string());
                 self.note(Ok(()))
             }
+            Err(e @ StoreError::Contended { .. }) => {
+                // Still our epoch, another record: only this epoch's owner
+                // writes it, so it is an earlier write of ours that
+                // committed with its answer lost. Take it as committed;
+                // the next pass writes what is still wanted on top.
+                match store.read(&self.keys, &self.name) {
+                    Ok(v) if v.epoch == self.epoch && v.health.is_some() => {
+                        let h = v.health.expect("checked");
+                        log::info!(
+                            "volume {}: health record generation {} found in etcd (an earlier write's answer was lost); continuing from it",
+                            self.name,
+                            h.generation
+                        );
+                        self.committed(&h, v.health_rev);
+                        self.note(Ok(()))
+                    }
+                    _ => self.note(Err(e.to_string())),
+                }
+            }
             Err(e) => self.note(Err(e.to_string())),
         }
     }
@@ -705,13 +724,18 @@ impl ClusterLink {
         let mut owner = self.lock().owner.clone();
         owner.lease = lease;
         match store.reclaim(&self.keys, &self.name, &owner) {
-            Ok(()) => {
+            Ok(held) => {
                 log::warn!(
                     "volume {}: the owner lease expired (this host was paused or cut off) and nobody attached meanwhile; reclaimed under epoch {}",
                     self.name,
                     self.epoch
                 );
-                self.lock().owner = owner;
+                if held.lease != lease {
+                    // An earlier reclaim's lease holds the key: keep that
+                    // one alive.
+                    let _ = store.revoke(lease);
+                }
+                self.lock().owner = held;
                 Ok(())
             }
             Err(e @ StoreError::NotOwner { .. }) => {
@@ -719,10 +743,10 @@ impl ClusterLink {
                 self.fence_self(e.to_string());
                 Ok(())
             }
-            Err(e) => {
-                let _ = store.revoke(lease);
-                Err(e.to_string())
-            }
+            // Not revoked: the reclaim may have committed under it (the
+            // next one then finds and adopts it); if not, it holds no
+            // key and lapses.
+            Err(e) => Err(e.to_string()),
         }
     }
 
