@@ -23,6 +23,9 @@
 //!    key (or rewrites it without the repaired copy) once the copy holds
 //!    the extent's bytes again; a mark left behind is only conservative
 //!    (the next owner repairs the copy once more).
+//! 4. **Each write compares the mark's revision** as its writer last left
+//!    it ([`Store::put_stale`]): an attempt that timed out yet commits
+//!    late cannot erase a newer mark.
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
@@ -61,7 +64,17 @@ pub fn stale_key(keys: &EvolKeys, name: &str, l: u64) -> String {
 impl Store {
     /// Records `copies` as extent `index`'s stale copies (replacing the
     /// mark, if any; none: deletes it), if the volume's epoch is still
-    /// `epoch` (rule 2).
+    /// `epoch` (rule 2) and the key is still at `expected` (its mod
+    /// revision as this writer last left it, 0: absent; `None`: unknown,
+    /// read first). Returns the revision to expect next.
+    ///
+    /// Why the revision: an attempt that timed out may still commit, late
+    /// (`Store::run` retries on the next member; the caller retries
+    /// after an error). Unguarded, a clear delayed so could land after a
+    /// newer mark and erase it, and a write that missed that copy would
+    /// have been acknowledged on a mark that is gone. With the guard the
+    /// late attempt finds the key moved on and does nothing.
+    #[allow(clippy::too_many_arguments)]
     pub fn put_stale(
         &self,
         vkeys: &VolumeKeys,
@@ -70,44 +83,86 @@ impl Store {
         epoch: u64,
         index: u64,
         copies: &[Placement],
-    ) -> Result<(), StoreError> {
+        expected: Option<i64>,
+    ) -> Result<i64, StoreError> {
+        const ATTEMPTS: u32 = 4;
         let key = stale_key(keys, evol, index);
-        let op = if copies.is_empty() {
-            TxnOp::delete(key, None)
-        } else {
-            let rec = StaleRecord {
-                schema: SCHEMA,
-                evol: evol.to_owned(),
-                index,
-                copies: copies.to_vec(),
-            };
-            TxnOp::put(key, encode(&rec), None)
-        };
-        let txn = Txn::new()
-            .when([Compare::value(
-                vkeys.epoch(),
-                CompareOp::Equal,
-                epoch.to_string(),
-            )])
-            .and_then([op])
-            .or_else([TxnOp::get(vkeys.epoch(), None)]);
-        let resp = self.txn(txn)?;
-        if resp.succeeded() {
-            return Ok(());
-        }
-        let current = match resp.op_responses().first() {
-            Some(etcd_client::TxnOpResponse::Get(g)) => g
+        let rec = (!copies.is_empty()).then(|| StaleRecord {
+            schema: SCHEMA,
+            evol: evol.to_owned(),
+            index,
+            copies: copies.to_vec(),
+        });
+        let want = rec.as_ref().map(encode);
+        let mut expected = match expected {
+            Some(r) => r,
+            None => self
+                .get(&key, None)?
                 .kvs()
                 .first()
-                .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok())
-                .unwrap_or(0),
-            _ => 0,
+                .map_or(0, |kv| kv.mod_revision()),
         };
-        Err(StoreError::NotOwner {
+        for _ in 0..ATTEMPTS {
+            let op = match &want {
+                None => TxnOp::delete(key.clone(), None),
+                Some(v) => TxnOp::put(key.clone(), v.clone(), None),
+            };
+            let txn = Txn::new()
+                .when([
+                    Compare::value(vkeys.epoch(), CompareOp::Equal, epoch.to_string()),
+                    Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
+                ])
+                .and_then([op])
+                .or_else([
+                    TxnOp::get(vkeys.epoch(), None),
+                    TxnOp::get(key.clone(), None),
+                ]);
+            let resp = self.txn(txn)?;
+            if resp.succeeded() {
+                return Ok(match want {
+                    None => 0,
+                    Some(_) => resp.header().map_or(0, |h| h.revision()),
+                });
+            }
+            let r = resp.op_responses();
+            let current = match r.first() {
+                Some(etcd_client::TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .first()
+                    .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok())
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            if current != epoch {
+                return Err(StoreError::NotOwner {
+                    volume: evol.to_owned(),
+                    mine: epoch,
+                    current,
+                    owner: None,
+                });
+            }
+            let found = match r.get(1) {
+                Some(etcd_client::TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+                _ => None,
+            };
+            match (found, &want) {
+                // What this call writes is there: an attempt of it
+                // committed whose answer was lost.
+                (None, None) => return Ok(0),
+                (Some((v, rev)), Some(w)) if v == w.as_bytes() => return Ok(rev),
+                // Only this epoch's owner writes the key: what is there
+                // is an earlier state of ours, landed late or unknown to
+                // the caller. Ours is newer: write it over that one.
+                (found, _) => expected = found.map_or(0, |(_, rev)| rev),
+            }
+        }
+        Err(StoreError::Contended {
             volume: evol.to_owned(),
-            mine: epoch,
-            current,
-            owner: None,
+            what: "stale mark",
+            attempts: ATTEMPTS,
         })
     }
 

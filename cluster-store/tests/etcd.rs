@@ -265,3 +265,58 @@ fn writes_sent_again_after_a_lost_answer_find_their_own_commit() {
         Err(StoreError::NotOwner { .. })
     ));
 }
+
+/// An eVol's stale marks are written against the mark's revision as their
+/// writer last left it: a write sent again after a lost answer finds it,
+/// a newer state replaces one the writer did not know of, and only the
+/// epoch's owner writes.
+#[test]
+fn stale_marks_follow_the_revision_their_writer_last_left() {
+    use cluster_store::evol::{EvolKeys, Placement};
+    let c = EtcdCluster::start(1);
+    let s = store(&c);
+    let vkeys = VolumeKeys::new("/t", "m");
+    let keys = EvolKeys::new("/t");
+    let lease = s.grant_lease(Duration::from_secs(30)).unwrap();
+    let a = s
+        .attach(
+            &vkeys,
+            "m",
+            &spec(),
+            "nqn.host:a",
+            lease,
+            AttachMode::Attach,
+        )
+        .unwrap();
+    let at = |pext| {
+        vec![Placement {
+            namespace: "n0".into(),
+            pext,
+        }]
+    };
+    let put = |copies: &[Placement], expected| {
+        s.put_stale(&vkeys, &keys, "m", a.epoch, 0, copies, expected)
+    };
+    let r1 = put(&at(1), None).unwrap();
+    assert!(r1 > 0);
+    assert_eq!(
+        put(&at(1), Some(0)).unwrap(),
+        r1,
+        "found, not written again"
+    );
+    let r2 = put(&at(2), Some(0)).unwrap();
+    assert!(r2 > r1, "a newer state replaces an unknown one");
+    assert_eq!(s.read_stale(&keys, "m").unwrap()[0].copies, at(2));
+    for _ in 0..2 {
+        assert_eq!(put(&[], Some(r2)).unwrap(), 0, "cleared, and found cleared");
+    }
+    assert!(s.read_stale(&keys, "m").unwrap().is_empty());
+    let lb = s.grant_lease(Duration::from_secs(30)).unwrap();
+    s.attach(&vkeys, "m", &spec(), "nqn.host:b", lb, AttachMode::Takeover)
+        .unwrap();
+    assert!(matches!(
+        put(&at(3), Some(0)),
+        Err(StoreError::NotOwner { .. })
+    ));
+    assert!(s.read_stale(&keys, "m").unwrap().is_empty());
+}

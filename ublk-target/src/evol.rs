@@ -940,7 +940,9 @@ pub trait StaleStore: Send + Sync {
 /// [`StaleStore`] in etcd (`cluster_store::evol_health`), guarded by the
 /// owner's attach epoch: a deposed owner's records fail.
 pub struct EtcdStaleStore {
-    store: Mutex<cluster_store::Store>,
+    /// The client, and each mark's mod revision as this owner last left
+    /// it (absent: unknown; `put_stale` reads it).
+    store: Mutex<(cluster_store::Store, std::collections::HashMap<u64, i64>)>,
     vkeys: cluster_store::VolumeKeys,
     keys: cluster_store::evol::EvolKeys,
     evol: String,
@@ -958,7 +960,7 @@ impl EtcdStaleStore {
         epoch: u64,
     ) -> Self {
         Self {
-            store: Mutex::new(store),
+            store: Mutex::new((store, std::collections::HashMap::new())),
             vkeys,
             keys,
             evol: evol.to_owned(),
@@ -969,9 +971,10 @@ impl EtcdStaleStore {
 
 impl StaleStore for EtcdStaleStore {
     fn put(&self, index: u64, copies: &[Placement]) -> Result<(), String> {
-        self.store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let mut g = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        let (store, revs) = &mut *g;
+        let expected = revs.remove(&index);
+        let rev = store
             .put_stale(
                 &self.vkeys,
                 &self.keys,
@@ -979,8 +982,15 @@ impl StaleStore for EtcdStaleStore {
                 self.epoch,
                 index,
                 copies,
+                expected,
             )
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        // After an error the revision stays unknown: read again next time;
+        // a deleted mark (0) is not kept, so the map holds live marks only.
+        if rev != 0 {
+            revs.insert(index, rev);
+        }
+        Ok(())
     }
 }
 
