@@ -139,7 +139,7 @@ impl ExtentWatch {
     }
 
     /// Stops the watch and waits for its thread (at most about
-    /// [`RETRY`] plus one operation timeout).
+    /// `RETRY` plus one operation timeout).
     pub fn stop(mut self) {
         self.halt();
     }
