@@ -1,4 +1,5 @@
 # vm-timeout: 2400
+# vm-mem: 4096
 # The benchmark matrix of issue 14: is the default ublk-nvmf path at least
 # as fast as the kernel NVMe/TCP host, and does its default credit mode
 # still protect a latency-sensitive tenant? One guest run, BENCH_ROUNDS
@@ -40,6 +41,11 @@
 # reader's p99 and IOPS, the writer's IOPS and MiB/s, the total bytes/s of
 # both; then reader p99 default/off (goal <= 0.5) and total default/off
 # (goal >= 0.9) per round, median and spread.
+# Memory: the guest gets 4 GiB (the vm-mem header). With 2 GiB, on Debian
+# 6.18's larger initramfs, the sim target (it keeps what the writer wrote,
+# up to 512 MiB) and later ublk-nvmf (~280 MiB of tag buffers over its
+# volumes) were OOM-killed in round 2-3, and the run then waited for its
+# time limit.
 # Device settings, and why:
 # - profile "fragmented", time_scale BENCH_SCALE (50). The fragmented
 #   model sustains ~186 MB/s of 4 KiB random writes (write amplification
