@@ -196,51 +196,19 @@ fn writes_sent_again_after_a_lost_answer_find_their_own_commit() {
     let c = EtcdCluster::start(3);
     let keys = VolumeKeys::new("/t", "again");
     let s = store(&c);
+    let attach = |host: &str, lease, mode| {
+        s.attach(&keys, "again", &spec(), host, lease, mode)
+            .unwrap()
+    };
     let la = s.grant_lease(Duration::from_secs(30)).unwrap();
-    let a = s
-        .attach(
-            &keys,
-            "again",
-            &spec(),
-            "nqn.host:a",
-            la,
-            AttachMode::Attach,
-        )
-        .unwrap();
-    let again = s
-        .attach(
-            &keys,
-            "again",
-            &spec(),
-            "nqn.host:a",
-            la,
-            AttachMode::Attach,
-        )
-        .unwrap();
+    let a = attach("nqn.host:a", la, AttachMode::Attach);
+    let again = attach("nqn.host:a", la, AttachMode::Attach);
     assert_eq!(again.epoch, a.epoch, "the epoch moves once");
     assert_eq!(s.read(&keys, "again").unwrap().epoch, a.epoch);
     // A takeover: once, and its predecessor is the other host.
     let lb = s.grant_lease(Duration::from_secs(30)).unwrap();
-    let b = s
-        .attach(
-            &keys,
-            "again",
-            &spec(),
-            "nqn.host:b",
-            lb,
-            AttachMode::Takeover,
-        )
-        .unwrap();
-    let b2 = s
-        .attach(
-            &keys,
-            "again",
-            &spec(),
-            "nqn.host:b",
-            lb,
-            AttachMode::Takeover,
-        )
-        .unwrap();
+    let b = attach("nqn.host:b", lb, AttachMode::Takeover);
+    let b2 = attach("nqn.host:b", lb, AttachMode::Takeover);
     assert_eq!((b.epoch, b2.epoch), (a.epoch + 1, a.epoch + 1));
     assert_eq!(b.previous.unwrap().host_nqn, "nqn.host:a");
     assert_eq!(s.read(&keys, "again").unwrap().epoch, b.epoch);
