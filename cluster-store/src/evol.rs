@@ -692,25 +692,19 @@ impl Store {
         rec: &PextRecord,
     ) -> Result<ZeroingOutcome, StoreError> {
         let k = keys.pext(&copy.namespace, copy.pext);
-        let txn = Txn::new()
-            .when([
-                leader_guard(keys, lead),
-                Compare::value(k.clone(), CompareOp::Equal, encode(rec)),
-            ])
-            .and_then([TxnOp::delete(k.clone(), None)])
-            .or_else([TxnOp::get(keys.leader(), None), TxnOp::get(k, None)]);
-        let resp = self.txn(txn)?;
-        if resp.succeeded() {
-            return Ok(ZeroingOutcome::Freed);
-        }
-        let r = resp.op_responses();
-        if !leader_is(&r, lead) {
-            return Ok(ZeroingOutcome::NotLeader);
-        }
-        Ok(if got_any(&r, 1) {
-            ZeroingOutcome::Changed
-        } else {
-            ZeroingOutcome::AlreadyFree
+        let outcome = self.guarded_change(
+            keys,
+            lead,
+            &k,
+            vec![Compare::value(k.clone(), CompareOp::Equal, encode(rec))],
+            vec![TxnOp::delete(k.clone(), None)],
+            |v| v.is_none(),
+        )?;
+        Ok(match outcome {
+            ChangeOutcome::Done => ZeroingOutcome::Freed,
+            ChangeOutcome::AlreadyDone => ZeroingOutcome::AlreadyFree,
+            ChangeOutcome::Changed => ZeroingOutcome::Changed,
+            ChangeOutcome::NotLeader => ZeroingOutcome::NotLeader,
         })
     }
 
