@@ -18,7 +18,9 @@ set -euo pipefail
 #   dpkg-dev lintian debootstrap  building the Debian packages (dpkg-shlibdeps),
 #                             checking them, a clean root to install them in
 #   etcd-server               cluster mode's store: tests start real etcd clusters
-#   protobuf-compiler         etcd-client's build script compiles etcd's .proto files
+#   protobuf-compiler libprotobuf-dev  etcd-client's build script compiles etcd's
+#                             .proto files, which import protobuf's well-known types
+#                             (google/protobuf/descriptor.proto is in libprotobuf-dev)
 #   linux-perf                perf in the guest for the benches' profiles
 #                             (BENCH_PERF=1 tests/vm/run --bench ublk)
 #   prometheus                `promtool check metrics`: the metrics tests parse both
@@ -28,7 +30,7 @@ PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
     libbpf-dev bpftool man-db dpkg-dev lintian debootstrap prometheus
-    etcd-server protobuf-compiler linux-perf
+    etcd-server protobuf-compiler libprotobuf-dev linux-perf
 )
 
 missing=()
