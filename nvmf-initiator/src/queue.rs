@@ -856,9 +856,12 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
     /// Append PDUs to send to `buf`, whole PDUs only, until `buf` holds at
     /// least `limit` bytes or nothing is left; returns the bytes appended.
     pub fn poll_transmit(&mut self, buf: &mut Vec<u8>, limit: usize) -> usize {
-        self.transmit(buf, limit, usize::MAX, |_, _, _| {
-            unreachable!("nothing is left in place below usize::MAX bytes")
-        })
+        self.transmit(
+            buf,
+            limit,
+            |_| usize::MAX,
+            |_, _, _| unreachable!("nothing is left in place below usize::MAX bytes"),
+        )
     }
 
     /// [`Queue::poll_transmit`] without copying large data: the data of an
@@ -886,14 +889,31 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         min_in_place: usize,
         in_place: impl FnMut(usize, &[u8], u64),
     ) -> usize {
-        self.transmit(buf, limit, min_in_place.max(1), in_place)
+        self.transmit(buf, limit, |_| min_in_place, in_place)
+    }
+
+    /// [`Queue::poll_transmit_vectored`] with the threshold chosen per
+    /// request: `min_in_place(user_data)` (at least 1). A driver whose
+    /// buffer for some requests does not hold their data (it sends that
+    /// data from elsewhere, such as ublk's registered request pages)
+    /// returns 1 for them, so none of it is copied from the buffer. The
+    /// pieces left in place per call are then bounded by the PDUs sent,
+    /// not by `limit / min_in_place`.
+    pub fn poll_transmit_placed(
+        &mut self,
+        buf: &mut Vec<u8>,
+        limit: usize,
+        min_in_place: impl Fn(u64) -> usize,
+        in_place: impl FnMut(usize, &[u8], u64),
+    ) -> usize {
+        self.transmit(buf, limit, min_in_place, in_place)
     }
 
     fn transmit(
         &mut self,
         buf: &mut Vec<u8>,
         limit: usize,
-        min_in_place: usize,
+        min_in_place: impl Fn(u64) -> usize,
         mut in_place: impl FnMut(usize, &[u8], u64),
     ) -> usize {
         let start = buf.len();
@@ -925,7 +945,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                         data: Cow::Borrowed(data),
                     };
                     let pdu = Pdu::CapsuleCmd(capsule);
-                    if leave_in_place(data, min_in_place, r) {
+                    if leave_in_place(data, &min_in_place, r) {
                         placed += put_in_place(&pdu, data, &self.encode, r, buf, &mut in_place);
                     } else {
                         // Lengths are bounded by u32 checks at submit;
@@ -961,7 +981,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
                         last,
                         data: Cow::Borrowed(data),
                     });
-                    if leave_in_place(data, min_in_place, r) {
+                    if leave_in_place(data, &min_in_place, r) {
                         placed += put_in_place(&pdu, data, &self.encode, r, buf, &mut in_place);
                     } else {
                         // Lengths are bounded by u32 checks at submit;
@@ -1841,11 +1861,12 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
 }
 
 /// Whether [`Queue::poll_transmit_vectored`] leaves `data` of request `r`
-/// in place: at least `min_in_place` bytes, and the caller's buffer (the
-/// queue's own requests, Connect, are always copied).
+/// in place: at least `min_in_place(user_data)` bytes (and at least one),
+/// and the caller's buffer (the queue's own requests, Connect, are always
+/// copied).
 #[inline(always)]
-fn leave_in_place<B>(data: &[u8], min_in_place: usize, r: &ReqState<B>) -> bool {
-    data.len() >= min_in_place && r.internal.is_none()
+fn leave_in_place<B>(data: &[u8], min_in_place: impl Fn(u64) -> usize, r: &ReqState<B>) -> bool {
+    r.internal.is_none() && data.len() >= min_in_place(r.user_data).max(1)
 }
 
 /// Append `pdu`'s header to `buf`, hand its `data` to `in_place` at the

@@ -1,8 +1,10 @@
-//! Write data sent in place (`Queue::poll_transmit_vectored`): the bytes a
+//! Write data sent in place (`Queue::poll_transmit_vectored`, and
+//! `poll_transmit_placed` with a threshold per request): the bytes a
 //! driver sends with each piece of data spliced in at its place are the
 //! bytes `poll_transmit` appends, for in-capsule writes and H2CData alike,
 //! with and without digests, whatever the send limit and the in-place
-//! threshold; and `expects_read_data`, which tells a driver when a short
+//! thresholds, and a request whose threshold is 1 has all its data left in
+//! place; and `expects_read_data`, which tells a driver when a short
 //! receive leaves a read's data for a direct one.
 
 use std::sync::Arc;
@@ -36,22 +38,28 @@ struct InPlace {
     user_data: u64,
 }
 
-/// What one `poll_transmit_vectored` call hands out, reassembled as the
-/// driver's iovecs would send it, and the pieces it left in place.
+/// What one `poll_transmit_vectored` call (or `poll_transmit_placed`,
+/// with `per_request`) hands out, reassembled as the driver's iovecs
+/// would send it, and the pieces it left in place.
 fn vectored<B: AsRef<[u8]> + AsMut<[u8]>>(
     q: &mut Queue<B>,
     limit: usize,
     min: usize,
+    per_request: Option<&dyn Fn(u64) -> usize>,
 ) -> (usize, Vec<u8>, Vec<InPlace>) {
     let mut buf = Vec::new();
     let mut placed = Vec::new();
-    let n = q.poll_transmit_vectored(&mut buf, limit, min, |at, data, user_data| {
+    let put = |at, data: &[u8], user_data| {
         placed.push(InPlace {
             at,
             data: data.to_vec(),
             user_data,
         });
-    });
+    };
+    let n = match per_request {
+        None => q.poll_transmit_vectored(&mut buf, limit, min, put),
+        Some(f) => q.poll_transmit_placed(&mut buf, limit, f, put),
+    };
     let mut wire = Vec::new();
     let mut from = 0;
     for p in &placed {
@@ -117,7 +125,12 @@ proptest! {
         writes in prop::collection::vec((1usize..=40, any::<u8>()), 1..12),
         limits in prop::collection::vec(1usize..40_000, 1..8),
         min in prop::sample::select(vec![1usize, 512, 4096, 8192, 20_000, usize::MAX]),
+        // Bit i set: request i's threshold is 1 (its data is sent from
+        // elsewhere, `poll_transmit_placed`); none set: `_vectored`.
+        whole in any::<u16>(),
     ) {
+        let per_request = |user_data: u64| if whole & (1 << user_data) != 0 { 1 } else { min };
+        let per_request: Option<&dyn Fn(u64) -> usize> = (whole != 0).then_some(&per_request);
         let (ta, tb) = (target(digests), target(digests));
         let (mut a, mut ca) = io_queue(&ta, digests);
         let (mut b, mut cb) = io_queue(&tb, digests);
@@ -137,20 +150,25 @@ proptest! {
         let mut step = 0;
         let mut done = 0;
         let mut in_place = 0;
+        let mut in_place_of = vec![0usize; writes.len()];
         while done < writes.len() {
             step += 1;
             prop_assert!(step < 10_000, "did not finish");
             let limit = limits[step % limits.len()];
             let mut wa = Vec::new();
             let na = a.poll_transmit(&mut wa, limit);
-            let (nb, wb, placed) = vectored(&mut b, limit, min);
+            let (nb, wb, placed) = vectored(&mut b, limit, min, per_request);
             prop_assert_eq!(na, nb);
             prop_assert_eq!(&wa, &wb, "same bytes with the data spliced in");
-            prop_assert!(placed.len() <= limit / min.max(1) + 1);
+            if per_request.is_none() {
+                prop_assert!(placed.len() <= limit / min.max(1) + 1);
+            }
             for p in &placed {
                 in_place += p.data.len();
-                prop_assert!(p.data.len() >= min);
                 prop_assert!((p.user_data as usize) < writes.len());
+                in_place_of[p.user_data as usize] += p.data.len();
+                let want = per_request.map_or(min, |f| f(p.user_data));
+                prop_assert!(p.data.len() >= want);
             }
             ca.handle_bytes(&wa);
             cb.handle_bytes(&wb);
@@ -176,6 +194,11 @@ proptest! {
         if min <= 8192 && writes.iter().any(|&(blocks, _)| blocks >= 16) {
             prop_assert!(in_place > 0, "nothing was left in place");
         }
+        for (i, &(blocks, _)) in writes.iter().enumerate() {
+            if whole & (1 << i) != 0 {
+                prop_assert_eq!(in_place_of[i], blocks * BLOCK, "request {} copied", i);
+            }
+        }
         let (da, db) = (ta.data(), tb.data());
         for (lba, d) in &expect {
             let at = *lba as usize * BLOCK;
@@ -193,7 +216,7 @@ fn connect_data_is_never_left_in_place() {
     let mut q: Queue<Vec<u8>> = Queue::new(cfg, now);
     let mut c = t.connection();
     for _ in 0..10 {
-        let (_, wire, placed) = vectored(&mut q, 1 << 20, 1);
+        let (_, wire, placed) = vectored(&mut q, 1 << 20, 1, Some(&|_| 1));
         assert!(placed.is_empty(), "ICReq and Connect are the queue's own");
         c.handle_bytes(&wire);
         q.handle_bytes(now, &c.take_output());
