@@ -127,7 +127,7 @@ struct Host {
     /// Tags whose task was woken, to run next.
     woken: Vec<u16>,
     /// `Engine::tx_pins`.
-    tx_pins: Vec<u8>,
+    tx_pins: Vec<u32>,
     base: Instant,
     now_ns: u64,
     next_sector: u64,
@@ -266,7 +266,7 @@ fn host_tx(
     iov: &mut Vec<libc::iovec>,
 ) -> usize {
     h.conn.tx_woken = false;
-    let n = gather(&mut h.conn.queue, buf, placed);
+    let n = gather(&mut h.conn.queue, buf, placed, &|_| None);
     for d in placed.iter() {
         h.tx_pins[usize::from(d.tag)] += 1;
     }

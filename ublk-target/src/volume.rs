@@ -58,6 +58,9 @@ pub struct Stats {
     /// Zero copy: read bytes copied into the request from our memory
     /// (the part of a read's data that came with its headers).
     pub zc_read_copied: AtomicU64,
+    /// Zero copy: write bytes sent from the request's pages, never copied
+    /// into our memory.
+    pub zc_write_direct: AtomicU64,
     /// Per NVMe class (urgent..low): reads and writes completed.
     pub class_ios: [AtomicU64; 4],
     /// Per NVMe class: bytes read and written.
@@ -138,6 +141,9 @@ pub struct ZeroCopySnapshot {
     pub read_direct_bytes: u64,
     /// Read bytes copied into the request from our memory.
     pub read_copied_bytes: u64,
+    /// Write bytes sent from the request's pages (not copied to us).
+    #[serde(default)]
+    pub write_direct_bytes: u64,
 }
 
 /// What `status` shows of an eVol.
@@ -892,6 +898,7 @@ impl Volume {
                 on: s.zero_copy.load(Ordering::Relaxed),
                 read_direct_bytes: g(&s.zc_read_direct),
                 read_copied_bytes: g(&s.zc_read_copied),
+                write_direct_bytes: g(&s.zc_write_direct),
             },
             priority: self.priority_snapshot(&qos),
             cluster: self.cluster.as_ref().map(|c| c.status()),

@@ -1,9 +1,11 @@
-//! The engine's socket-side helpers (`gather`, `iovecs`, `advance_iovecs`,
+//! The engine's socket-side helpers (`gather`, `SendPlan`,
 //! `direct_place`, `buffered_len`) driving an initiator queue against the
 //! fake target in memory, as the engine's tx and rx tasks use them: write
-//! data sent from the tag buffers in place with sends that stop anywhere,
-//! read data received through short buffered receives and straight into
-//! the tag buffers; every byte arrives where it belongs.
+//! data sent from the tag buffers in place, or (zero copy) from the
+//! requests' pages while the tag buffers hold garbage, with chains of
+//! sends that stop anywhere; read data received through short buffered
+//! receives and straight into the tag buffers; every byte arrives where it
+//! belongs.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +13,7 @@ use std::time::Instant;
 use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget};
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use ublk_target::io::engine::{
-    advance_iovecs, buffered_len, direct_place, gather, iovecs, Placed, RX_BYTES, RX_SHORT_BYTES,
+    buffered_len, direct_place, gather, Placed, Seg, SendPlan, RX_BYTES, RX_SHORT_BYTES,
 };
 use ublk_target::io::fanout::PartId;
 use ublk_target::io::requests::TagBuf;
@@ -70,11 +72,20 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
 #[derive(Default, Debug)]
 struct Seen {
     in_place: usize,
+    from_pages: usize,
     direct: usize,
     short: usize,
 }
 
-fn run(reqs: &[(usize, bool)], seed: u64, c2h_chunk: u32) -> (Vec<Vec<u8>>, Arc<FakeTarget>, Seen) {
+/// With `zero_copy`, every third tag's write has its data only in its
+/// "request pages" (the tag buffer holds garbage), as
+/// `Engine::data_in_request` marks large writes.
+fn run(
+    reqs: &[(usize, bool)],
+    seed: u64,
+    c2h_chunk: u32,
+    zero_copy: bool,
+) -> (Vec<Vec<u8>>, Arc<FakeTarget>, Seen) {
     let mut seen = Seen::default();
     let t = FakeTarget::new(FakeConfig {
         blocks: (32 << 20) / u64::from(BS),
@@ -131,17 +142,26 @@ fn run(reqs: &[(usize, bool)], seed: u64, c2h_chunk: u32) -> (Vec<Vec<u8>>, Arc<
             drop(b);
         }
     }
+    let in_request = |tag: usize| zero_copy && reqs[tag].1 && tag % 3 == 0;
+    let pages: Vec<Vec<u8>> = reqs
+        .iter()
+        .enumerate()
+        .map(|(tag, &(len, _))| pattern(len, tag))
+        .collect();
     let mut bufs: Vec<Vec<u8>> = reqs
         .iter()
         .enumerate()
         .map(|(tag, &(len, write))| {
-            if write {
+            if in_request(tag) {
+                vec![0xee; len]
+            } else if write {
                 pattern(len, tag)
             } else {
                 vec![0; len]
             }
         })
         .collect();
+    let bases: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
     let mut at = 0u64;
     for (tag, &(len, write)) in reqs.iter().enumerate() {
         let b = &mut bufs[tag];
@@ -182,7 +202,7 @@ fn run(reqs: &[(usize, bool)], seed: u64, c2h_chunk: u32) -> (Vec<Vec<u8>>, Arc<
         assert!(ok.is_ok());
     }
     let mut sizes = Sizes(seed);
-    let (mut sbuf, mut placed, mut iov) = (Vec::new(), Vec::<Placed>::new(), Vec::new());
+    let (mut sbuf, mut placed, mut plan) = (Vec::new(), Vec::<Placed>::new(), SendPlan::default());
     let mut rbuf = vec![0u8; RX_BYTES];
     let mut wire: Vec<u8> = Vec::new();
     let mut pos = 0;
@@ -191,28 +211,49 @@ fn run(reqs: &[(usize, bool)], seed: u64, c2h_chunk: u32) -> (Vec<Vec<u8>>, Arc<
     while done < reqs.len() {
         rounds += 1;
         assert!(rounds < 100_000, "stuck at {done} of {}", reqs.len());
-        // tx: gather, then sends that stop after any number of bytes.
+        // tx: gather, then chains of up to 8 SQEs, each of which takes
+        // any number of bytes (a short one cancels the rest of its chain).
         if q.has_transmit() {
-            let n = gather(&mut q, &mut sbuf, &mut placed);
+            let n = gather(&mut q, &mut sbuf, &mut placed, &|tag| {
+                in_request(usize::from(tag)).then(|| bases[usize::from(tag)])
+            });
             seen.in_place += placed.len();
-            iovecs(&sbuf, &placed, &mut iov);
-            let mut first = 0;
+            plan.build(&sbuf, &placed);
             let mut sent = Vec::new();
-            while first < iov.len() {
-                let k = sizes.next(70_000);
-                let mut left = k;
-                for v in &iov[first..] {
-                    let take = v.iov_len.min(left);
-                    // SAFETY: built from `sbuf` and the tag buffers.
-                    sent.extend_from_slice(unsafe {
-                        std::slice::from_raw_parts(v.iov_base as *const u8, take)
-                    });
-                    left -= take;
-                    if left == 0 {
-                        break;
+            while !plan.is_done() {
+                let chain = plan.pending().len().min(sizes.next(8));
+                let mut res = Vec::new();
+                let mut broken = false;
+                for seg in &plan.pending()[..chain] {
+                    if broken {
+                        res.push(-libc::ECANCELED);
+                        continue;
                     }
+                    let len = plan.seg_len(seg);
+                    let take = len.min(sizes.next(70_000));
+                    match *seg {
+                        Seg::Msg { first, count } => {
+                            let mut left = take;
+                            for v in &plan.iov[first..first + count] {
+                                let t = v.iov_len.min(left);
+                                // SAFETY: built from `sbuf` and the tag buffers.
+                                sent.extend_from_slice(unsafe {
+                                    std::slice::from_raw_parts(v.iov_base as *const u8, t)
+                                });
+                                left -= t;
+                            }
+                        }
+                        Seg::Fixed { tag, offset, .. } => {
+                            assert!(in_request(usize::from(tag)), "tag {tag} has its data");
+                            let o = offset as usize;
+                            sent.extend_from_slice(&pages[usize::from(tag)][o..o + take]);
+                            seen.from_pages += take;
+                        }
+                    }
+                    res.push(take as i32);
+                    broken = take < len;
                 }
-                advance_iovecs(&mut iov, &mut first, k - left);
+                plan.complete(&res).unwrap();
             }
             assert_eq!(sent.len(), n);
             conn.handle_bytes(&sent);
@@ -263,17 +304,24 @@ fn writes_in_place_and_reads_direct_carry_every_byte() {
     let sizes = [
         4096, 1024, 131072, 524288, 8192, 65536, 262144, 4096, 1048576, 512,
     ];
-    for (seed, c2h_chunk) in [(1u64, 1 << 20), (2, 32768), (3, 1 << 20)] {
+    for (seed, c2h_chunk, zero_copy) in [
+        (1u64, 1 << 20, false),
+        (2, 32768, false),
+        (3, 1 << 20, false),
+        (4, 1 << 20, true),
+        (5, 32768, true),
+    ] {
         let reqs: Vec<(usize, bool)> = sizes
             .iter()
             .enumerate()
             .map(|(i, &len)| (len, (i + seed as usize) % 2 == 0))
             .collect();
-        let (bufs, t, seen) = run(&reqs, seed, c2h_chunk);
+        let (bufs, t, seen) = run(&reqs, seed, c2h_chunk, zero_copy);
         assert!(
             seen.in_place > 0 && seen.direct > 0 && seen.short > 0,
             "{seen:?}"
         );
+        assert_eq!(seen.from_pages > 0, zero_copy, "{seen:?}");
         let data = t.data();
         let mut at = 0;
         for (tag, &(len, write)) in reqs.iter().enumerate() {
@@ -283,7 +331,9 @@ fn writes_in_place_and_reads_direct_carry_every_byte() {
                 pattern(len, tag + 100)
             };
             assert_eq!(&data[at..at + len], &want[..], "target, tag {tag}");
-            assert_eq!(bufs[tag], want, "tag buffer {tag}");
+            if !(zero_copy && write && tag % 3 == 0) {
+                assert_eq!(bufs[tag], want, "tag buffer {tag}");
+            }
             at += len;
         }
     }

@@ -6,7 +6,9 @@
 # (default 3) rounds. Run:
 #   tests/vm/run --bench ublk                     # ~18 min
 #   BENCH_ROUNDS=1 BENCH_SECS=3 BENCH_TENANT_SECS=5 tests/vm/run --bench ublk   # a quick look
-# BENCH_ONLY=matrix or BENCH_ONLY=tenants runs one part; the BENCH lines
+# BENCH_ONLY=matrix or BENCH_ONLY=tenants runs one part; BENCH_JOBS=JOB,...
+# (names as in the BENCH lines, e.g. 128k-write-qd32) runs only those
+# matrix jobs; the BENCH lines
 # land in target/vm/bench/ublk.txt; docs/benchmarks.md records the runs.
 #
 # Part 1, the matrix. Three hosts of one gimbal-target `null` namespace
@@ -179,6 +181,7 @@ fi
 # matrix_job ROUND JOB RW BS QD [JOBS]: JOB on the three hosts, in order.
 matrix_job() {
     _r=$1 _j=$2 _rw=$3 _bs=$4 _qd=$5 _n=${6:-1}
+    case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
     if [ "$_n" -gt 1 ]; then _a=$D_AUTO2 _o=$D_OFF2; else _a=$D_AUTO _o=$D_OFF; fi
     fio_bench "round=$_r host=ublk job=$_j" "$_a" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
     fio_bench "round=$_r host=ublk-credits-off job=$_j" "$_o" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"

@@ -26,6 +26,7 @@ ublk_fio_matrix gimbal /dev/ublkb0
 fio_verify "gimbal: verify 128k sequential reads (data straight into the pages)" /dev/ublkb0 write 128k 32 32M
 check_output "zero copy: read data went straight into the request's pages" '"read_direct_bytes":[1-9]' ublk-nvmf status gfile --json
 check_output "zero copy: the rest of the read data was copied in" '"read_copied_bytes":[1-9]' ublk-nvmf status gfile --json
+check_output "zero copy: large writes were sent from the request's pages" '"write_direct_bytes":[1-9]' ublk-nvmf status gfile --json
 check "gimbal: blkdiscard the whole device" blkdiscard_real /dev/ublkb0
 check "gimbal: blkdiscard --zeroout 1 MiB" blkdiscard_real -z -o 1048576 -l 1048576 /dev/ublkb0
 ublk_fsync_heavy gimbal /dev/ublkb0

@@ -97,6 +97,17 @@ pub const MAX_TX_IOVECS: usize = 2 * (TX_LIMIT / TX_IN_PLACE_BYTES + 1) + 1;
 /// queue's ring (`ublk::uring_op`); the result is the CQE's `res`.
 pub type UringOp = fn(io_uring::squeue::Entry) -> Pin<Box<dyn Future<Output = i32>>>;
 
+/// SQEs submitted as one linked chain (`IOSQE_IO_LINK` on all but the
+/// last), contiguously on the queue's ring so they run in order
+/// (`ublk::uring_chain`). As many as the ring has room for are submitted,
+/// at least the first; the result is their CQEs' `res`, in order (its
+/// length says how many went).
+pub type ChainOp = fn(&[io_uring::squeue::Entry]) -> Pin<Box<dyn Future<Output = Vec<i32>>>>;
+
+/// Most SQEs [`tx_task`] links into one chain (a 256 KiB send of 128 KiB
+/// writes is five).
+pub const MAX_CHAIN: usize = 32;
+
 struct Conn {
     sock: TcpStream,
     queue: Queue<TagBuf>,
@@ -126,6 +137,12 @@ struct Path {
     /// Where in the request's data that direct `Recv` writes (zero copy
     /// records what it received).
     rx_direct_at: u32,
+    /// Sockets of failed connections, shut down but kept open until this
+    /// path's send in the ring is done: the SQEs of a linked chain that
+    /// have not started yet look their fd up when they start, and a
+    /// closed fd's number may belong to the new connection by then
+    /// (see [`tx_task`]).
+    retired: Vec<TcpStream>,
     /// When the last reconnect attempt failed (attempts are spaced by the
     /// reconnect delay).
     last_attempt: Option<Instant>,
@@ -145,10 +162,12 @@ pub struct Engine {
     requests: Requests,
     pace_waker: Option<Waker>,
     wakers: Vec<Option<Waker>>,
-    /// Per tag: sends in the ring that read its buffer in place (one per
-    /// path at most); the tag is not handed back to the driver while any
-    /// is (see [`tx_task`]).
-    tx_pins: Vec<u8>,
+    /// Per tag: pieces of its data that sends in the ring read in place
+    /// (one send per path at most, but one pin per piece: a write whose
+    /// data is only in its pages has every piece placed, up to
+    /// `TX_LIMIT / 512` per send); the tag is not handed back to the
+    /// driver while any is (see [`tx_task`]).
+    tx_pins: Vec<u32>,
     /// ublk zero copy, when the device runs with it.
     zero_copy: Option<ZeroCopy>,
 }
@@ -161,6 +180,12 @@ pub struct Engine {
 /// zeros an eVol fills in) lands in the tag's buffer in our memory, as
 /// without zero copy, and the tag task copies just those ranges into the
 /// request before it commits ([`Engine::take_copied`]).
+///
+/// A large write's data is not copied into our memory at all: the tag
+/// task marks it ([`Engine::data_in_request`]), every piece of it is left
+/// in place by the initiator ([`gather`]) and [`tx_task`] sends it with a
+/// `WRITE_FIXED` from those pages, linked between the `SendMsg`s of the
+/// PDU headers around it.
 struct ZeroCopy {
     /// Per tag: where its buffer in our memory starts (a direct place in
     /// it is turned into an offset into the request).
@@ -168,6 +193,9 @@ struct ZeroCopy {
     /// Per tag: byte ranges of the current request's data received
     /// straight into its pages, in arrival order.
     direct: Vec<Vec<(u32, u32)>>,
+    /// Per tag: its current request is a write whose data is only in the
+    /// request's pages (the tag's buffer does not hold it).
+    in_request: Vec<bool>,
 }
 
 /// Where a direct receive writes.
@@ -263,6 +291,7 @@ impl Engine {
                     rx_waker: None,
                     rx_direct_tag: None,
                     rx_direct_at: 0,
+                    retired: Vec::new(),
                     last_attempt: None,
                 });
             }
@@ -310,6 +339,7 @@ impl Engine {
         self.zero_copy = Some(ZeroCopy {
             bases,
             direct: vec![Vec::new(); n],
+            in_request: vec![false; n],
         });
         self.stats.zero_copy.store(true, Ordering::Relaxed);
     }
@@ -331,6 +361,20 @@ impl Engine {
             .zc_read_direct
             .fetch_add(u64::from(len) - c, Ordering::Relaxed);
         copied
+    }
+
+    /// Zero copy: whether the write tag `tag` submits next keeps its data
+    /// in the request's pages only (sent from there with `WRITE_FIXED`,
+    /// never copied into the tag's buffer). Set before each submission;
+    /// `true` is refused (returns `false`) without zero copy.
+    pub fn data_in_request(&mut self, tag: u16, yes: bool) -> bool {
+        match self.zero_copy.as_mut() {
+            Some(z) => {
+                z.in_request[usize::from(tag)] = yes;
+                yes
+            }
+            None => false,
+        }
     }
 
     /// How many NVMe/TCP queues (replicas x classes in use) this engine
@@ -585,6 +629,7 @@ impl Engine {
         }
         c.queue.close();
         let _ = c.sock.shutdown(Shutdown::Both);
+        path.retired.push(c.sock);
         let mut unfinished = c.queue.take_unfinished();
         // Requests that never reached the queue stay behind those.
         unfinished.extend(path.held.drain(..));
@@ -732,7 +777,12 @@ impl Engine {
     /// the tags whose buffers `placed` points into.
     fn tx_gather(&mut self, p: usize, buf: &mut Vec<u8>, placed: &mut Vec<Placed>) {
         if let Some(c) = self.paths[p].conn.as_mut() {
-            gather(&mut c.queue, buf, placed);
+            let zc = self.zero_copy.as_ref();
+            let in_request = |tag: u16| {
+                let t = usize::from(tag);
+                zc.filter(|z| z.in_request[t]).map(|z| z.bases[t])
+            };
+            gather(&mut c.queue, buf, placed, &in_request);
         }
         for d in placed.iter() {
             self.tx_pins[usize::from(d.tag)] += 1;
@@ -740,9 +790,11 @@ impl Engine {
         self.stats.sends.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A send that read `placed` in place is done (sent, or failed): unpin
-    /// their tags and wake the ones no other send holds.
-    fn on_sent(&mut self, placed: &[Placed]) {
+    /// Path `p`'s send that read `placed` in place is done (sent, or
+    /// failed): close the path's retired sockets, unpin the tags and wake
+    /// the ones no other send holds.
+    fn on_sent(&mut self, p: usize, placed: &[Placed]) {
+        self.paths[p].retired.clear();
         for d in placed {
             let t = usize::from(d.tag);
             self.tx_pins[t] -= 1;
@@ -870,35 +922,64 @@ pub fn uncovered(len: u32, covered: &mut [(u32, u32)]) -> Vec<(u32, u32)> {
     out
 }
 
-/// Write data a send takes from a tag's buffer where it is.
+/// Write data a send takes from a tag's buffer where it is, or from the
+/// request's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placed {
     /// Where in the send buffer it goes (the bytes before are the PDU's
     /// header and everything gathered before it).
     pub at: usize,
-    /// The data, in the tag's buffer.
+    /// The data, in the tag's buffer (its place there, when the data
+    /// itself is only in the request's pages).
     pub ptr: *const u8,
     /// Its length.
     pub len: usize,
     /// The tag whose buffer it is.
     pub tag: u16,
+    /// Zero copy: the data is only in the request's pages (fixed buffer
+    /// `tag`), at this offset of the request's data.
+    pub in_request: Option<u32>,
+}
+
+/// The tag a request on the engine's queues belongs to: every one is a
+/// part (`Requests::send_part`), whose user_data names the tag.
+fn tag_of(user_data: u64) -> u16 {
+    PartId::from_user_data(user_data).map_or(user_data as u16, |p| p.tag)
 }
 
 /// One send's worth of `q`'s PDUs: headers and small data into `buf`,
 /// write data of at least [`TX_IN_PLACE_BYTES`] into `placed` (both
-/// cleared first). Returns the bytes to send.
-pub fn gather(q: &mut Queue<TagBuf>, buf: &mut Vec<u8>, placed: &mut Vec<Placed>) -> usize {
+/// cleared first). With zero copy, `in_request(tag)` is the start of the
+/// tag's buffer when its write's data is only in the request's pages
+/// ([`Engine::data_in_request`]): all of that data is placed, with its
+/// offset in the request. Returns the bytes to send.
+pub fn gather(
+    q: &mut Queue<TagBuf>,
+    buf: &mut Vec<u8>,
+    placed: &mut Vec<Placed>,
+    in_request: &dyn Fn(u16) -> Option<usize>,
+) -> usize {
     buf.clear();
     placed.clear();
-    q.poll_transmit_vectored(buf, TX_LIMIT, TX_IN_PLACE_BYTES, |at, data, user_data| {
-        // Every request on the engine's queues is a part
-        // (`Requests::send_part`); its user_data names the tag.
-        let tag = PartId::from_user_data(user_data).map_or(user_data as u16, |p| p.tag);
+    let min = |user_data: u64| {
+        if in_request(tag_of(user_data)).is_some() {
+            // Nothing of it is in the tag's buffer to copy.
+            1
+        } else {
+            TX_IN_PLACE_BYTES
+        }
+    };
+    q.poll_transmit_placed(buf, TX_LIMIT, min, |at, data, user_data| {
+        let tag = tag_of(user_data);
+        // A part's buffer is a window of the tag's, at the same offset as
+        // in the request.
+        let in_request = in_request(tag).map(|base| (data.as_ptr() as usize - base) as u32);
         placed.push(Placed {
             at,
             ptr: data.as_ptr(),
             len: data.len(),
             tag,
+            in_request,
         });
     })
 }
@@ -906,27 +987,183 @@ pub fn gather(q: &mut Queue<TagBuf>, buf: &mut Vec<u8>, placed: &mut Vec<Placed>
 /// The iovecs that send `buf` with `placed` spliced in (in order), into
 /// `iov` (cleared first). The pointers are `buf`'s and `placed`'s: valid
 /// while `buf` is neither changed nor dropped and the tags stay pinned.
+/// Every piece is taken from our memory (`ptr`), `in_request` or not:
+/// for a driver without zero copy ([`SendPlan`] is the engine's).
 pub fn iovecs(buf: &[u8], placed: &[Placed], iov: &mut Vec<libc::iovec>) {
     iov.clear();
+    splice(buf, placed, false, |run| {
+        if let Run::Mem(v) = run {
+            iov.push(v)
+        }
+    });
+}
+
+/// One run of a send, as [`splice`] walks it.
+enum Run {
+    /// Bytes in our memory: the send buffer's, or a piece's in its tag
+    /// buffer.
+    Mem(libc::iovec),
+    /// A piece that is only in its request's pages: `len` bytes at
+    /// `offset` of tag `tag`'s request.
+    Fixed { tag: u16, offset: u32, len: u32 },
+}
+
+/// Walk `buf` with `placed` spliced in, in wire order, handing each run to
+/// `run`; a piece only in its request's pages is a [`Run::Fixed`] when
+/// `use_fixed` (else its place in the tag buffer is a [`Run::Mem`] too).
+fn splice(buf: &[u8], placed: &[Placed], use_fixed: bool, mut run: impl FnMut(Run)) {
     let mut from = 0;
     for d in placed {
         if d.at > from {
-            iov.push(libc::iovec {
+            run(Run::Mem(libc::iovec {
                 iov_base: buf[from..].as_ptr() as *mut libc::c_void,
                 iov_len: d.at - from,
-            });
+            }));
         }
-        iov.push(libc::iovec {
-            iov_base: d.ptr as *mut libc::c_void,
-            iov_len: d.len,
-        });
+        match d.in_request {
+            Some(offset) if use_fixed => run(Run::Fixed {
+                tag: d.tag,
+                offset,
+                len: d.len as u32,
+            }),
+            _ => run(Run::Mem(libc::iovec {
+                iov_base: d.ptr as *mut libc::c_void,
+                iov_len: d.len,
+            })),
+        }
         from = d.at;
     }
     if buf.len() > from {
-        iov.push(libc::iovec {
+        run(Run::Mem(libc::iovec {
             iov_base: buf[from..].as_ptr() as *mut libc::c_void,
             iov_len: buf.len() - from,
+        }));
+    }
+}
+
+/// One SQE of a send: see [`SendPlan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seg {
+    /// A `SendMsg` of `SendPlan::iov[first..first + count]`.
+    Msg {
+        /// Its first iovec.
+        first: usize,
+        /// How many.
+        count: usize,
+    },
+    /// A `WriteFixed` of `len` bytes at `offset` of tag `tag`'s request
+    /// (fixed buffer `tag`).
+    Fixed {
+        /// The tag.
+        tag: u16,
+        /// Offset in the request's data.
+        offset: u32,
+        /// Length.
+        len: u32,
+    },
+}
+
+/// One gathered send as io_uring operations, in wire order: runs of bytes
+/// in our memory as `SendMsg`s, write data that is only in its request's
+/// pages (zero copy, [`Placed::in_request`]) as `WriteFixed`s from the
+/// registered pages. [`tx_task`] submits the pending segments as one
+/// linked chain; one that comes back short (a `WriteFixed` on a socket
+/// returns what the socket took; the link breaks there and the rest is
+/// cancelled) is advanced by what went, and the chain is submitted again
+/// from it, so the bytes go out in order whatever each operation took.
+/// Without such pieces the plan is one `SendMsg`, as before.
+#[derive(Debug, Default)]
+pub struct SendPlan {
+    /// The iovecs of the `Msg` segments.
+    pub iov: Vec<libc::iovec>,
+    /// The segments, in wire order.
+    pub segs: Vec<Seg>,
+    /// The first segment not yet sent in full.
+    pub next: usize,
+}
+
+impl SendPlan {
+    /// The plan that sends `buf` with `placed` spliced in.
+    pub fn build(&mut self, buf: &[u8], placed: &[Placed]) {
+        self.iov.clear();
+        self.segs.clear();
+        self.next = 0;
+        let (iov, segs) = (&mut self.iov, &mut self.segs);
+        splice(buf, placed, true, |run| match run {
+            Run::Mem(v) => {
+                match segs.last_mut() {
+                    Some(Seg::Msg { count, .. }) => *count += 1,
+                    _ => segs.push(Seg::Msg {
+                        first: iov.len(),
+                        count: 1,
+                    }),
+                }
+                iov.push(v);
+            }
+            Run::Fixed { tag, offset, len } => segs.push(Seg::Fixed { tag, offset, len }),
         });
+    }
+
+    /// The segments still to send.
+    pub fn pending(&self) -> &[Seg] {
+        &self.segs[self.next..]
+    }
+
+    /// Whether everything went.
+    pub fn is_done(&self) -> bool {
+        self.next >= self.segs.len()
+    }
+
+    /// The bytes segment `seg` still has to send.
+    pub fn seg_len(&self, seg: &Seg) -> usize {
+        match *seg {
+            Seg::Msg { first, count } => self.iov[first..first + count]
+                .iter()
+                .map(|v| v.iov_len)
+                .sum(),
+            Seg::Fixed { len, .. } => len as usize,
+        }
+    }
+
+    /// The first `res.len()` pending segments were submitted as one chain
+    /// and completed with `res`: drop what went. A short or retryable
+    /// result leaves the rest pending (to be submitted again); an error is
+    /// the socket's, returned.
+    pub fn complete(&mut self, res: &[i32]) -> Result<(), i32> {
+        for (j, &r) in res.iter().enumerate() {
+            let want = self.seg_len(&self.segs[self.next]);
+            if r >= 0 && r as usize == want {
+                self.next += 1;
+                continue;
+            }
+            if r > 0 && (r as usize) < want {
+                self.advance(r as usize);
+                return Ok(());
+            }
+            // A retryable result; ECANCELED only after an earlier one in
+            // the chain came back short, which returned above.
+            if r == -libc::EAGAIN || r == -libc::EINTR || (r == -libc::ECANCELED && j > 0) {
+                return Ok(());
+            }
+            return Err(r);
+        }
+        Ok(())
+    }
+
+    /// Drop `n` bytes (fewer than it holds) from the first pending segment.
+    fn advance(&mut self, n: usize) {
+        match &mut self.segs[self.next] {
+            Seg::Msg { first, count } => {
+                let mut done = 0;
+                advance_iovecs(&mut self.iov[*first..*first + *count], &mut done, n);
+                *first += done;
+                *count -= done;
+            }
+            Seg::Fixed { offset, len, .. } => {
+                *offset += n as u32;
+                *len -= n as u32;
+            }
+        }
     }
 }
 
@@ -1169,40 +1406,58 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
 /// The transmit task of path `path` (runs for the queue thread's
 /// lifetime).
 ///
-/// Each `SendMsg` carries the PDU headers (and small data) gathered in the
-/// thread's send buffer and, as iovecs between them, write data of at
-/// least [`TX_IN_PLACE_BYTES`] straight from the tags' buffers ([`gather`]):
-/// the kernel copies it once, we never do. The kernel reads those buffers
-/// until the `SendMsg` completes, which may be after the request itself has
+/// Each send carries the PDU headers (and small data) gathered in the
+/// thread's send buffer and, between them, write data of at least
+/// [`TX_IN_PLACE_BYTES`] straight from the tags' buffers ([`gather`]):
+/// the kernel copies it once, we never do. With zero copy, a large
+/// write's data is sent from the request's registered pages instead
+/// (`WriteFixed`, [`SendPlan`]), so it is never in our memory at all; the
+/// send is then a chain of linked SQEs (`SendMsg`, `WriteFixed`,
+/// `SendMsg`, ...), submitted with `chain` so that they reach the ring
+/// contiguously and run in order. The kernel reads those buffers and pages
+/// until the send completes, which may be after the request itself has
 /// completed (a target may answer before all data left) or after the
 /// connection was reset and the request handed back, resubmitted elsewhere
 /// or failed. That is safe because:
 ///
 /// - every tag with data in the send is pinned (`Engine::tx_gather`) until
-///   this task has seen the last `SendMsg` of the batch complete
+///   this task has seen the last SQE of the send complete
 ///   (`Engine::on_sent`), and `poll_result` does not hand a pinned tag
-///   back to its task: its buffer is not committed to the driver, so
-///   neither the driver (the next request's data) nor a read (its data)
-///   writes it meanwhile, and the tag task, hence `queue_main`, cannot
-///   finish and free the buffers before that either;
+///   back to its task: it is not committed to the driver, so neither the
+///   driver (the next request's data, or unregistering the pages) nor a
+///   read (its data) writes it meanwhile, and the tag task, hence
+///   `queue_main`, cannot finish and free the buffers before that either;
 /// - a write's data is only ever read by the engine (every part of a
 ///   write holds a shared view), so several sends (one per replica) may
-///   read one tag's buffer at once;
-/// - the send buffer and the iovec array are leaked, as the receive
-///   buffer is, and not touched until the `SendMsg` has completed; when the
-///   queue thread ends with a send in the ring, `queue_main` keeps (leaks)
-///   the tag buffers as it does for a direct `Recv`.
+///   read one tag's buffer or pages at once;
+/// - a chain's SQEs look the socket's fd up only when each starts; a
+///   failed connection's socket is shut down (every later SQE on it fails
+///   and cancels the rest of its chain) and kept open until this task's
+///   send is done (`Path::retired`), so its fd number cannot be the next
+///   connection's while a later SQE of the chain may still start;
+/// - the send buffer, the iovec array and the message headers are leaked,
+///   as the receive buffer is, and not touched until the send has
+///   completed; when the queue thread ends with a send in the ring,
+///   `queue_main` keeps (leaks) the tag buffers as it does for a direct
+///   `Recv`.
 ///
-/// What the send carries is what `poll_transmit` would have copied, byte
-/// for byte (`Queue::poll_transmit_vectored`): the wire does not change.
-pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
+/// Every `SendMsg` asks for `MSG_WAITALL` (the kernel sends all of it or
+/// fails), so in a chain only a `WriteFixed` can come back short; the
+/// plan then goes on from where it stopped. What the send carries is what
+/// `poll_transmit` would have copied, byte for byte
+/// (`Queue::poll_transmit_placed`): the wire does not change.
+pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
     // Leaked for the same reason as the receive buffer.
     let buf: &'static mut Vec<u8> = Box::leak(Box::new(Vec::with_capacity(2 * TX_LIMIT)));
     let placed: &'static mut Vec<Placed> =
         Box::leak(Box::new(Vec::with_capacity(MAX_TX_IOVECS / 2)));
-    let iov: &'static mut Vec<libc::iovec> = Box::leak(Box::new(Vec::with_capacity(MAX_TX_IOVECS)));
-    // SAFETY: an all-zero msghdr is valid (no name, no control data).
-    let msg: &'static mut libc::msghdr = Box::leak(Box::new(unsafe { std::mem::zeroed() }));
+    let plan: &'static mut SendPlan = Box::leak(Box::new(SendPlan {
+        iov: Vec::with_capacity(MAX_TX_IOVECS),
+        segs: Vec::with_capacity(MAX_TX_IOVECS),
+        next: 0,
+    }));
+    let msgs: &'static mut Vec<libc::msghdr> = Box::leak(Box::new(Vec::with_capacity(MAX_CHAIN)));
+    let mut sqes = Vec::with_capacity(MAX_CHAIN);
     loop {
         let (generation, fd) = WaitFor {
             engine: Rc::clone(&engine),
@@ -1211,24 +1466,49 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
         }
         .await;
         engine.borrow_mut().tx_gather(path, buf, placed);
-        iovecs(buf, placed, iov);
-        let mut first = 0;
-        while first < iov.len() {
-            let rest = &mut iov[first..];
-            msg.msg_iov = rest.as_mut_ptr();
-            msg.msg_iovlen = rest.len() as _;
-            let sqe = io_uring::opcode::SendMsg::new(io_uring::types::Fd(fd), msg)
-                .flags(libc::MSG_NOSIGNAL as u32)
-                .build();
-            let res = op(sqe).await;
-            if res > 0 {
-                advance_iovecs(iov, &mut first, res as usize);
-            } else if res != -libc::EINTR && res != -libc::EAGAIN {
-                engine.borrow_mut().on_socket_error(path, generation, res);
+        plan.build(buf, placed);
+        while !plan.is_done() {
+            let window = &plan.pending()[..plan.pending().len().min(MAX_CHAIN)];
+            // The message headers first: the SQEs point into `msgs`.
+            msgs.clear();
+            for seg in window {
+                if let Seg::Msg { first, count } = *seg {
+                    // SAFETY: an all-zero msghdr is valid (no name, no
+                    // control data).
+                    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+                    m.msg_iov = plan.iov[first..].as_ptr() as *mut libc::iovec;
+                    m.msg_iovlen = count as _;
+                    msgs.push(m);
+                }
+            }
+            sqes.clear();
+            let mut m = msgs.iter();
+            for seg in window {
+                sqes.push(match *seg {
+                    Seg::Msg { .. } => {
+                        let m = m.next().expect("one header per Msg segment");
+                        io_uring::opcode::SendMsg::new(io_uring::types::Fd(fd), m)
+                            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
+                            .build()
+                    }
+                    // With a fixed buffer the address is the offset into
+                    // it; a socket has no file position (offset 0).
+                    Seg::Fixed { tag, offset, len } => io_uring::opcode::WriteFixed::new(
+                        io_uring::types::Fd(fd),
+                        offset as usize as *const u8,
+                        len,
+                        tag,
+                    )
+                    .build(),
+                });
+            }
+            let res = chain(&sqes).await;
+            if let Err(e) = plan.complete(&res) {
+                engine.borrow_mut().on_socket_error(path, generation, e);
                 break;
             }
         }
-        engine.borrow_mut().on_sent(placed);
+        engine.borrow_mut().on_sent(path, placed);
     }
 }
 
@@ -1259,6 +1539,17 @@ mod tests {
         out
     }
 
+    /// A piece of `data` placed at `at` of the send buffer, for tag `tag`.
+    fn piece(at: usize, data: &[u8], tag: u16, in_request: Option<u32>) -> Placed {
+        Placed {
+            at,
+            ptr: data.as_ptr(),
+            len: data.len(),
+            tag,
+            in_request,
+        }
+    }
+
     #[test]
     fn iovecs_splice_the_placed_data_in_order() {
         let buf: Vec<u8> = (0..100).collect();
@@ -1266,24 +1557,9 @@ mod tests {
         let d2 = vec![201u8; 5];
         let d3 = vec![202u8; 3];
         let placed = [
-            Placed {
-                at: 0,
-                ptr: d1.as_ptr(),
-                len: d1.len(),
-                tag: 0,
-            },
-            Placed {
-                at: 40,
-                ptr: d2.as_ptr(),
-                len: d2.len(),
-                tag: 1,
-            },
-            Placed {
-                at: 40,
-                ptr: d3.as_ptr(),
-                len: d3.len(),
-                tag: 2,
-            },
+            piece(0, &d1, 0, None),
+            piece(40, &d2, 1, None),
+            piece(40, &d3, 2, None),
         ];
         let mut iov = Vec::new();
         iovecs(&buf, &placed, &mut iov);
@@ -1297,6 +1573,100 @@ mod tests {
         assert_eq!(bytes(&iov), want);
         iovecs(&buf[..40], &placed[1..2], &mut iov);
         assert_eq!(iov.len(), 2, "nothing after the last piece");
+    }
+
+    /// A send of header runs, pieces in our memory and pieces only in
+    /// their requests' pages, run as the ring would: each SQE takes what
+    /// `caps` allows (a short one breaks the chain, the rest is
+    /// cancelled), and the plan goes on until all went. The bytes are the
+    /// wire's, in order, at every cap.
+    #[test]
+    fn a_send_plan_sends_the_wire_in_order_whatever_each_sqe_takes() {
+        let buf: Vec<u8> = (0..100).collect();
+        let d1 = vec![200u8; 7];
+        let d3 = vec![202u8; 3];
+        // Tag 1's request pages; its tag buffer holds nothing of them.
+        let pages: Vec<u8> = (0..2000u32).map(|i| (i % 251) as u8).collect();
+        let garbage = vec![0xeeu8; 2000];
+        let placed = [
+            piece(0, &d1, 0, None),
+            piece(40, &garbage[1000..][..50], 1, Some(1000)),
+            piece(40, &d3, 2, None),
+            piece(100, &garbage[10..][..20], 1, Some(10)),
+        ];
+        let mut want = d1.clone();
+        want.extend_from_slice(&buf[..40]);
+        want.extend_from_slice(&pages[1000..1050]);
+        want.extend_from_slice(&d3);
+        want.extend_from_slice(&buf[40..]);
+        want.extend_from_slice(&pages[10..30]);
+        let mut plan = SendPlan::default();
+        plan.build(&buf, &placed);
+        assert_eq!(
+            plan.segs,
+            vec![
+                Seg::Msg { first: 0, count: 2 },
+                Seg::Fixed {
+                    tag: 1,
+                    offset: 1000,
+                    len: 50
+                },
+                Seg::Msg { first: 2, count: 2 },
+                Seg::Fixed {
+                    tag: 1,
+                    offset: 10,
+                    len: 20
+                },
+            ]
+        );
+        // Without zero copy every piece is an iovec from our memory.
+        let mut iov = Vec::new();
+        iovecs(&buf, &placed, &mut iov);
+        assert_eq!(iov.len(), 6);
+        for cap in 1..=want.len() + 1 {
+            for window in 1..=4 {
+                plan.build(&buf, &placed);
+                let mut wire = Vec::new();
+                let mut rounds = 0;
+                while !plan.is_done() {
+                    rounds += 1;
+                    assert!(rounds < 1000);
+                    let n = plan.pending().len().min(window);
+                    let mut res = Vec::new();
+                    let mut broken = false;
+                    for seg in &plan.pending()[..n] {
+                        if broken {
+                            res.push(-libc::ECANCELED);
+                            continue;
+                        }
+                        let len = plan.seg_len(seg);
+                        let take = len.min(cap);
+                        match *seg {
+                            Seg::Msg { first, count } => {
+                                let mut b = bytes(&plan.iov[first..first + count]);
+                                b.truncate(take);
+                                wire.extend_from_slice(&b);
+                            }
+                            Seg::Fixed { tag, offset, .. } => {
+                                assert_eq!(tag, 1);
+                                let o = offset as usize;
+                                wire.extend_from_slice(&pages[o..o + take]);
+                            }
+                        }
+                        res.push(take as i32);
+                        broken = take < len;
+                    }
+                    plan.complete(&res).unwrap();
+                }
+                assert_eq!(wire, want, "cap {cap} window {window}");
+            }
+        }
+        // A socket error is returned, EAGAIN leaves it pending.
+        plan.build(&buf, &placed);
+        plan.complete(&[-libc::EAGAIN]).unwrap();
+        assert_eq!(plan.next, 0);
+        assert_eq!(plan.complete(&[-libc::ECONNRESET]), Err(-libc::ECONNRESET));
+        assert_eq!(plan.complete(&[-libc::ECANCELED]), Err(-libc::ECANCELED));
     }
 
     #[test]

@@ -16,14 +16,15 @@
 //! straight into those pages (`engine::rx_task`: one copy, the kernel's,
 //! as the kernel's own NVMe/TCP host does; before, the data was received
 //! into the tag buffer and the driver copied it again). What is left in
-//! the tag buffer (read data that came with its headers, a write's data
-//! to send) is moved with the user-copy interface: `pread`/`pwrite` on
-//! `/dev/ublkcN` at the request's position, as io_uring READ/WRITE SQEs
-//! on the same ring. Writes are still sent from the tag buffer (one copy
-//! in, as the driver did; sending from the pages needs a send per piece of
-//! data, not done yet). Off where the volume asks for data digests (the
-//! digest needs the data in our memory) or the driver lacks it; `status`
-//! says which, with the bytes that went direct.
+//! the tag buffer (read data that came with its headers, a small write's
+//! data to send) is moved with the user-copy interface: `pread`/`pwrite`
+//! on `/dev/ublkcN` at the request's position. A write of at least
+//! [`WRITE_FIXED_MIN_BYTES`] is sent from the request's pages
+//! (`WRITE_FIXED` on the socket per piece of data, linked between the
+//! headers' sends: `engine::SendPlan`), so its data is never in our memory.
+//! Off where the volume asks for data digests (the digest needs the data
+//! in our memory) or the driver lacks it; `status` says which, with the
+//! bytes that went direct.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -238,6 +239,80 @@ fn zero_copy_refused(
     }
 }
 
+/// Zero copy: writes of at least this many bytes are sent from the
+/// request's registered pages (`WriteFixed` per piece of data, linked
+/// between the headers' `SendMsg`s), never copied into our memory;
+/// smaller ones are `pread` into the tag's buffer and sent with the
+/// headers (more SQEs per byte would cost them more than the copy).
+pub const WRITE_FIXED_MIN_BYTES: u32 = 32 * 1024;
+
+/// SQEs as one linked chain on the calling queue thread's ring
+/// ([`engine::ChainOp`]): as many as the submission queue has room for
+/// (flushing it first if that is fewer than all), pushed in one go so
+/// nothing else lands between them.
+fn uring_chain(sqes: &[io_uring::squeue::Entry]) -> Pin<Box<dyn Future<Output = Vec<i32>>>> {
+    Box::pin(Chain {
+        sqes: sqes.to_vec(),
+        ops: Vec::new(),
+        res: Vec::new(),
+    })
+}
+
+/// The future of [`uring_chain`]: pushes on its first poll.
+struct Chain {
+    sqes: Vec<io_uring::squeue::Entry>,
+    ops: Vec<Pin<Box<dyn Future<Output = i32>>>>,
+    res: Vec<Option<i32>>,
+}
+
+impl Future for Chain {
+    type Output = Vec<i32>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Vec<i32>> {
+        let this = self.get_mut();
+        if this.ops.is_empty() {
+            let want = this.sqes.len();
+            let room = libublk::io::with_task_io_ring_mut(|r| {
+                let free = |r: &mut io_uring::IoUring| {
+                    let sq = r.submission();
+                    sq.capacity() - sq.len()
+                };
+                if free(r) < want {
+                    // What is queued goes now (the event loop would
+                    // submit it next anyway); the ring is then empty.
+                    let _ = r.submit();
+                }
+                free(r)
+            });
+            let n = want.min(room).max(1);
+            for (i, sqe) in this.sqes.drain(..n).enumerate() {
+                let sqe = if i + 1 < n {
+                    sqe.flags(io_uring::squeue::Flags::IO_LINK)
+                } else {
+                    sqe
+                };
+                // Lazy: each pushes its SQE on its first poll, below, in
+                // order and within this one poll.
+                this.ops.push(uring_op(sqe));
+                this.res.push(None);
+            }
+        }
+        let mut pending = false;
+        for (op, res) in this.ops.iter_mut().zip(this.res.iter_mut()) {
+            if res.is_none() {
+                match op.as_mut().poll(cx) {
+                    std::task::Poll::Ready(r) => *res = Some(r),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(this.res.iter().map(|r| r.unwrap_or(-libc::EIO)).collect())
+    }
+}
+
 /// An io_uring operation on the calling queue thread's ring.
 fn uring_op(sqe: io_uring::squeue::Entry) -> Pin<Box<dyn Future<Output = i32>>> {
     Box::pin(async move {
@@ -291,7 +366,7 @@ fn queue_main(qid: u16, dev: &UblkDev, vol: Arc<Volume>) {
     for p in 0..paths {
         exe.spawn(engine::rx_task(Rc::clone(&engine), p, uring_op))
             .detach();
-        exe.spawn(engine::tx_task(Rc::clone(&engine), p, uring_op))
+        exe.spawn(engine::tx_task(Rc::clone(&engine), p, uring_chain))
             .detach();
     }
     exe.spawn(engine::tick_task(Rc::clone(&engine), uring_op))
@@ -460,7 +535,18 @@ async fn tag_task(
                 let write = matches!(op, Op::Write | Op::Discard | Op::WriteZeroes)
                     .then(|| start..start + (u64::from(nr_sectors) << 9));
                 let sent = std::time::Instant::now();
-                if zero_copy && op == Op::Write && data_len > 0 {
+                // A large write's data stays in the request's pages (sent
+                // from there, `engine::SendPlan`); set for every request,
+                // so the flag never outlives the write it was for.
+                let zc_write = zero_copy && op == Op::Write && data_len > 0;
+                let in_request = engine
+                    .borrow_mut()
+                    .data_in_request(tag, zc_write && data_len >= WRITE_FIXED_MIN_BYTES);
+                if in_request {
+                    stats
+                        .zc_write_direct
+                        .fetch_add(u64::from(data_len), Ordering::Relaxed);
+                } else if zc_write {
                     // The driver no longer copies the data into the tag's
                     // buffer: fetch it (the sends read it from there).
                     if let Err(e) = user_copy(cdev, qid, tag, false, 0, buf.as_mut_ptr(), data_len)
