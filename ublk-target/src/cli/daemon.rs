@@ -430,9 +430,10 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
         .map_or_else(|| "none".to_owned(), |c| c.to_string());
     let estimate = if q.window_source == "estimate" && q.estimate_bandwidth_bps > 0 {
         format!(
-            ": {:.1} MiB/s x {} us base",
+            ": {:.1} MiB/s x {} us base, gain {:.1}",
             q.estimate_bandwidth_bps as f64 / f64::from(1 << 20),
-            q.estimate_base_us
+            q.estimate_base_us,
+            q.estimate_gain_x100 as f64 / 100.0
         )
     } else {
         String::new()
@@ -628,8 +629,10 @@ fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
         s.sends,
         if s.zero_copy.on {
             format!(
-                "  zero copy: on, read bytes {} direct, {} copied\n",
-                s.zero_copy.read_direct_bytes, s.zero_copy.read_copied_bytes
+                "  zero copy: on, read bytes {} direct, {} copied; write bytes {} direct\n",
+                s.zero_copy.read_direct_bytes,
+                s.zero_copy.read_copied_bytes,
+                s.zero_copy.write_direct_bytes
             )
         } else {
             "  zero copy: off\n".to_owned()

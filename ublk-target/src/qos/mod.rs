@@ -246,6 +246,8 @@ struct QosCounters {
     /// queue that last admitted with an estimated window (0: none yet).
     estimate_bps: AtomicU64,
     estimate_base_ns: AtomicU64,
+    /// The gain the estimate settled on there, in hundredths.
+    estimate_gain_x100: AtomicU64,
     last_credit: AtomicU32,
     credit_seen: AtomicBool,
     in_flight: AtomicU64,
@@ -296,6 +298,10 @@ pub struct QosSnapshot {
     /// Base latency of the estimate (µs).
     #[serde(default)]
     pub estimate_base_us: u64,
+    /// The gain the estimate settled on (its probe finds it), in
+    /// hundredths (450: 4.5x the bandwidth-delay product).
+    #[serde(default)]
+    pub estimate_gain_x100: u64,
     /// The credit total last reported by the target, if any.
     pub target_credit: Option<u32>,
     /// Admitted and not yet completed (all queues).
@@ -408,6 +414,7 @@ impl VolumeQos {
             window_source: source_name(s.source.load(Ordering::Relaxed)).into(),
             estimate_bandwidth_bps: g(&s.estimate_bps),
             estimate_base_us: g(&s.estimate_base_ns) / 1000,
+            estimate_gain_x100: g(&s.estimate_gain_x100),
             target_credit: s
                 .credit_seen
                 .load(Ordering::Relaxed)
@@ -835,6 +842,8 @@ impl<T> QueueQos<T> {
             if let (Some(bw), Some(base)) = (g.bandwidth_bps(), g.mean_base_ns()) {
                 s.estimate_bps.store(bw as u64, Ordering::Relaxed);
                 s.estimate_base_ns.store(base, Ordering::Relaxed);
+                s.estimate_gain_x100
+                    .store((g.gain() * 100.0).round() as u64, Ordering::Relaxed);
             }
         }
     }
