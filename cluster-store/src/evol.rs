@@ -692,14 +692,7 @@ impl Store {
         rec: &PextRecord,
     ) -> Result<ZeroingOutcome, StoreError> {
         let k = keys.pext(&copy.namespace, copy.pext);
-        let outcome = self.guarded_change(
-            keys,
-            lead,
-            &k,
-            vec![Compare::value(k.clone(), CompareOp::Equal, encode(rec))],
-            vec![TxnOp::delete(k.clone(), None)],
-            |v| v.is_none(),
-        )?;
+        let outcome = self.delete_if_holds(keys, lead, &k, encode(rec))?;
         Ok(match outcome {
             ChangeOutcome::Done => ZeroingOutcome::Freed,
             ChangeOutcome::AlreadyDone => ZeroingOutcome::AlreadyFree,
@@ -787,13 +780,24 @@ impl Store {
         lead: Leadership,
         spec: &EvolSpec,
     ) -> Result<ChangeOutcome, StoreError> {
-        let key = keys.spec(&spec.name);
+        self.delete_if_holds(keys, lead, &keys.spec(&spec.name), encode(spec))
+    }
+
+    /// [`Self::guarded_change`] deleting `key` if it still holds `value`;
+    /// done once the key is gone.
+    fn delete_if_holds(
+        &self,
+        keys: &EvolKeys,
+        lead: Leadership,
+        key: &str,
+        value: String,
+    ) -> Result<ChangeOutcome, StoreError> {
         self.guarded_change(
             keys,
             lead,
-            &key,
-            vec![Compare::value(key.clone(), CompareOp::Equal, encode(spec))],
-            vec![TxnOp::delete(key.clone(), None)],
+            key,
+            vec![Compare::value(key.to_owned(), CompareOp::Equal, value)],
+            vec![TxnOp::delete(key.to_owned(), None)],
             |v| v.is_none(),
         )
     }
