@@ -378,6 +378,86 @@ fn standby_refuses_naming_the_leader_and_budgets_are_enforced() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("no findings"));
 }
 
+/// tonic drops a handler's future when its caller goes away. A delete cut
+/// there between an unmap's commit in etcd and the catalog's update would
+/// lose that extent from its count and from the zeroing queue (found by
+/// the zeroing test on a slow CI machine, whose first attempt outlived the
+/// client's RPC timeout). Deletes are cut here at growing deadlines from
+/// 1 ms until one stops mid-way; the retry must still count every physical
+/// extent, and the leader must hold every one for zeroing.
+#[test]
+fn a_delete_whose_caller_gave_up_runs_to_its_end_and_its_retry_gets_the_count() {
+    const MAPPED: u64 = 48;
+    let etcd = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = "/cut";
+    let arb = Arb::start(dir.path(), "a", &etcd, prefix);
+    leader(&etcd, prefix);
+    let c = client(&etcd, prefix);
+    // Namespaces at ports nothing listens on: zeroing waits, so the
+    // leader's zeroing queue can be counted.
+    for i in 0..2 {
+        c.add_namespace(&pb::AddNamespaceRequest {
+            id: format!("ns{i}"),
+            target: format!("t{i}"),
+            address: format!("127.0.0.1:{}", common::free_port()),
+            subnqn: format!("nqn.2026-01.io.test:t{i}"),
+            nsid: 1,
+            extents: 200,
+            capacity_bytes: 0,
+        })
+        .unwrap();
+    }
+    c.create_volume("v", MAPPED * (2 << 20), 2, 1).unwrap();
+    for i in 0..MAPPED {
+        c.allocate("v", i, Instant::now() + LONG).unwrap();
+    }
+    let store = etcd.store(Duration::from_secs(5)).unwrap();
+    let keys = EvolKeys::new(prefix);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rpc = rt
+        .block_on(Rpc::connect(format!("http://{}", arb.addr)))
+        .unwrap();
+    let cut = (1..=500)
+        .find_map(|ms| {
+            let mut l = rpc.clone();
+            let answer = rt.block_on(async {
+                let call = l.delete_volume(pb::DeleteVolumeRequest {
+                    name: "v".into(),
+                    force: false,
+                });
+                tokio::time::timeout(Duration::from_millis(ms), call).await
+            });
+            if let Ok(answer) = answer {
+                panic!("the delete finished within {ms} ms, never cut: {answer:?}");
+            }
+            let left = store.read_extents(&keys, "v").unwrap().len() as u64;
+            (left < MAPPED).then_some(left)
+        })
+        .expect("no delete cut short at deadlines up to 500 ms reached etcd");
+    assert!(cut < MAPPED, "{cut}");
+    // The retry: every copy of every mapped extent, once.
+    assert_eq!(c.delete_volume("v", false).unwrap(), 2 * MAPPED);
+    let view = assert_sound(&etcd, prefix);
+    assert!(view.extents.is_empty() && view.evols.is_empty());
+    assert_eq!(view.zeroing.len() as u64, 2 * MAPPED);
+    let st = c.status().unwrap();
+    assert_eq!(st.zeroing_extents, 2 * MAPPED, "{st:?}");
+    // Sent again (its answer lost), a finished delete answers the same.
+    assert_eq!(c.delete_volume("v", false).unwrap(), 2 * MAPPED);
+    // A new eVol of the name is a new one: its own delete, its own count.
+    c.create_volume("v", 4 * (2 << 20), 1, 1).unwrap();
+    c.allocate("v", 0, Instant::now() + LONG).unwrap();
+    assert_eq!(c.delete_volume("v", false).unwrap(), 1);
+    match c.delete_volume("never", false) {
+        Err(ArbiterError::Refused { code, .. }) => assert_eq!(code, tonic::Code::NotFound),
+        other => panic!("{other:?}"),
+    }
+}
+
 async fn wait_for_async<T, F, Fut>(mut f: F) -> T
 where
     F: FnMut() -> Fut,

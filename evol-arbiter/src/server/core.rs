@@ -29,6 +29,54 @@ use crate::config::ArbiterConfig;
 use crate::limits;
 use crate::pb;
 
+/// How long a finished delete's answer is kept for a retry of it: longer
+/// than a client's call deadline (15 s by default) with its backoff.
+const DELETED_MEMORY: Nanos = Nanos(120_000_000_000);
+/// At most this many finished deletes are remembered (the oldest go first).
+const DELETED_MAX: usize = 1024;
+
+/// Deletes finished lately, eVol -> (physical extents freed, when): a
+/// delete sent again because its answer was lost (the caller's deadline
+/// passed while it ran to its end) gets the same answer, not NOT_FOUND.
+/// Kept [`DELETED_MEMORY`], at most [`DELETED_MAX`] of them.
+#[derive(Default)]
+pub(crate) struct FinishedDeletes(BTreeMap<String, (u64, Nanos)>);
+
+impl FinishedDeletes {
+    /// The delete of `name` finished at `now`, freeing `freed` physical
+    /// extents.
+    pub fn remember(&mut self, name: &str, freed: u64, now: Nanos) {
+        self.0
+            .retain(|_, (_, at)| now.0.saturating_sub(at.0) < DELETED_MEMORY.0);
+        while self.0.len() >= DELETED_MAX {
+            let oldest = self
+                .0
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(n, _)| n.clone());
+            match oldest {
+                Some(n) => self.0.remove(&n),
+                None => break,
+            };
+        }
+        self.0.insert(name.to_owned(), (freed, now));
+    }
+
+    /// What the delete of `name` freed, if it finished less than
+    /// [`DELETED_MEMORY`] before `now` (and was not forgotten since).
+    pub fn get(&self, name: &str, now: Nanos) -> Option<u64> {
+        self.0
+            .get(name)
+            .filter(|(_, at)| now.0.saturating_sub(at.0) < DELETED_MEMORY.0)
+            .map(|(freed, _)| *freed)
+    }
+
+    /// An eVol named `name` exists again: a delete of it is a new one.
+    pub fn forget(&mut self, name: &str) {
+        self.0.remove(name);
+    }
+}
+
 /// A namespace of the pool as the leader knows it.
 pub(crate) struct Ns {
     pub id: NamespaceId,
@@ -62,9 +110,14 @@ pub(crate) struct Core {
     pub volumes: BTreeMap<String, (VolumeId, EvolSpec)>,
     vol_ids: BTreeMap<String, VolumeId>,
     pub deleting: BTreeSet<String>,
-    /// Physical extents deletes have freed so far, per eVol, over their
-    /// attempts: a delete retried after a lost answer reports them all.
+    /// Physical extents a delete in progress frees, per eVol: the copies
+    /// mapped when its first attempt read etcd, so a delete retried after
+    /// a lost answer or a cancelled attempt reports them all. (A leader
+    /// that takes over a half-done delete counts what is left.)
     pub delete_freed: BTreeMap<String, u64>,
+    /// Deletes finished lately: a delete sent again because its answer was
+    /// lost gets the same answer. Forgotten with the leadership.
+    pub deleted: FinishedDeletes,
     pub tentative: BTreeMap<(VolumeId, u64), Tentative>,
     /// Physical extents waiting for zeroing, (namespace, pext) -> their
     /// zeroing record in etcd: read at election, added by unmaps, removed
@@ -126,6 +179,7 @@ impl Core {
             vol_ids: BTreeMap::new(),
             deleting: BTreeSet::new(),
             delete_freed: BTreeMap::new(),
+            deleted: FinishedDeletes::default(),
             tentative: BTreeMap::new(),
             zeroing: BTreeMap::new(),
             sessions: BTreeMap::new(),
@@ -446,6 +500,7 @@ impl Core {
         self.volumes.insert(spec.name.clone(), (id, spec.clone()));
         // A delete of an earlier eVol of this name that never finished.
         self.delete_freed.remove(&spec.name);
+        self.deleted.forget(&spec.name);
         Ok(id)
     }
 
@@ -843,5 +898,33 @@ fn flint_volume_spec(spec: &EvolSpec) -> VolumeSpec {
         copies: spec.copies.min(u32::from(u8::MAX)) as u8,
         allowed_namespaces: None,
         preference: BTreeMap::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_deletes_are_kept_for_a_while_and_bounded() {
+        let at = |s: u64| Nanos(s * 1_000_000_000);
+        let mut d = FinishedDeletes::default();
+        d.remember("v", 4, at(10));
+        assert_eq!(d.get("v", at(10)), Some(4));
+        assert_eq!(d.get("v", at(129)), Some(4));
+        assert_eq!(d.get("v", at(130)), None, "older than DELETED_MEMORY");
+        assert_eq!(d.get("w", at(10)), None);
+        d.forget("v");
+        assert_eq!(d.get("v", at(11)), None, "created again");
+        // The oldest go first once DELETED_MAX are kept.
+        for i in 0..DELETED_MAX as u64 + 1 {
+            d.remember(&format!("e{i}"), i, Nanos(at(200).0 + i));
+        }
+        assert_eq!(d.0.len(), DELETED_MAX);
+        assert_eq!(d.get("e0", at(201)), None);
+        assert_eq!(d.get("e1", at(201)), Some(1));
+        // Expired ones are dropped when the next is remembered.
+        d.remember("late", 9, at(400));
+        assert_eq!(d.0.len(), 1);
     }
 }

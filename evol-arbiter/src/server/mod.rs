@@ -110,6 +110,22 @@ fn unavailable(e: impl std::fmt::Display) -> Status {
     Status::unavailable(format!("etcd: {e}"))
 }
 
+/// Runs the body of an RPC that changes state to its end, in a task of its
+/// own. tonic drops a handler's future when its caller goes away (a
+/// deadline, a reset stream); dropped between an etcd commit and the
+/// catalog's update of it, a body would leave the two apart: an
+/// allocation's plan tentative for good (deletes of its eVol then wait for
+/// it in vain), a delete's unmapped extents missing from the zeroing queue
+/// until the next election. The caller's retry queues on the same locks
+/// and finds the work done.
+async fn to_the_end<T: Send + 'static>(
+    body: impl std::future::Future<Output = Result<T, Status>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(body)
+        .await
+        .map_err(|e| Status::internal(format!("handler task: {e}")))?
+}
+
 impl Shared {
     fn now(&self) -> Nanos {
         Nanos(self.started.elapsed().as_nanos() as u64)
@@ -591,67 +607,72 @@ impl Arbiter for Service {
                 limits::MAX_COPIES
             )));
         }
-        let s = &self.0;
-        let _admin = s.admin.lock().await;
-        let lead = s.leading()?;
-        let eb = s.config.extent_bytes;
-        let spec = EvolSpec {
-            schema: SCHEMA,
-            name: r.name.clone(),
-            size_bytes: r.size_bytes.div_ceil(eb) * eb,
-            extent_bytes: eb,
-            copies: r.copies,
-            weight: r.weight.max(1),
-        };
-        let existing = s.with_core(|c| Ok(c.volumes.get(&r.name).map(|(_, sp)| sp.clone())))?;
-        if let Some(old) = existing {
-            if old == spec {
-                return s.with_core(|c| Ok(Response::new(c.volume_info(&r.name).expect("exists"))));
+        let s = Arc::clone(&self.0);
+        to_the_end(async move {
+            let s = &s;
+            let _admin = s.admin.lock().await;
+            let lead = s.leading()?;
+            let eb = s.config.extent_bytes;
+            let spec = EvolSpec {
+                schema: SCHEMA,
+                name: r.name.clone(),
+                size_bytes: r.size_bytes.div_ceil(eb) * eb,
+                extent_bytes: eb,
+                copies: r.copies,
+                weight: r.weight.max(1),
+            };
+            let existing = s.with_core(|c| Ok(c.volumes.get(&r.name).map(|(_, sp)| sp.clone())))?;
+            if let Some(old) = existing {
+                if old == spec {
+                    return s
+                        .with_core(|c| Ok(Response::new(c.volume_info(&r.name).expect("exists"))));
+                }
+                return Err(Status::already_exists(format!(
+                    "eVol {} exists with another spec ({} bytes, {} copies, weight {})",
+                    r.name, old.size_bytes, old.copies, old.weight
+                )));
             }
-            return Err(Status::already_exists(format!(
-                "eVol {} exists with another spec ({} bytes, {} copies, weight {})",
-                r.name, old.size_bytes, old.copies, old.weight
-            )));
-        }
-        s.with_core(|c| c.add_volume(&spec).map(|_| ()))?;
-        let sp = spec.clone();
-        let written = s.etcd(move |st, k| st.create_evol(k, lead, &sp)).await;
-        let undo = |s: &Shared| {
-            let _ = s.with_core(|c| {
-                c.remove_volume(&r.name);
-                Ok(())
-            });
-        };
-        match written {
-            Ok(Some(stored)) if stored == spec => {
-                log::info!(
-                    "eVol {} created ({} bytes, {} copies)",
-                    spec.name,
-                    spec.size_bytes,
-                    spec.copies
-                );
-                s.with_core(|c| Ok(Response::new(c.volume_info(&r.name).expect("exists"))))
+            s.with_core(|c| c.add_volume(&spec).map(|_| ()))?;
+            let sp = spec.clone();
+            let written = s.etcd(move |st, k| st.create_evol(k, lead, &sp)).await;
+            let undo = |s: &Shared| {
+                let _ = s.with_core(|c| {
+                    c.remove_volume(&r.name);
+                    Ok(())
+                });
+            };
+            match written {
+                Ok(Some(stored)) if stored == spec => {
+                    log::info!(
+                        "eVol {} created ({} bytes, {} copies)",
+                        spec.name,
+                        spec.size_bytes,
+                        spec.copies
+                    );
+                    s.with_core(|c| Ok(Response::new(c.volume_info(&r.name).expect("exists"))))
+                }
+                Ok(Some(stored)) => {
+                    undo(s);
+                    Err(Status::already_exists(format!(
+                        "eVol {} exists with another spec ({} bytes, {} copies)",
+                        r.name, stored.size_bytes, stored.copies
+                    )))
+                }
+                Ok(None) => {
+                    undo(s);
+                    s.depose("creating an eVol found another leader");
+                    Err(s
+                        .leading()
+                        .err()
+                        .unwrap_or_else(|| Status::unavailable("retry")))
+                }
+                Err(e) => {
+                    undo(s);
+                    Err(e)
+                }
             }
-            Ok(Some(stored)) => {
-                undo(s);
-                Err(Status::already_exists(format!(
-                    "eVol {} exists with another spec ({} bytes, {} copies)",
-                    r.name, stored.size_bytes, stored.copies
-                )))
-            }
-            Ok(None) => {
-                undo(s);
-                s.depose("creating an eVol found another leader");
-                Err(s
-                    .leading()
-                    .err()
-                    .unwrap_or_else(|| Status::unavailable("retry")))
-            }
-            Err(e) => {
-                undo(s);
-                Err(e)
-            }
-        }
+        })
+        .await
     }
 
     async fn delete_volume(
@@ -660,127 +681,146 @@ impl Arbiter for Service {
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let r = req.into_inner();
         limits::check_name("volume", &r.name).map_err(Status::invalid_argument)?;
-        let s = &self.0;
-        let _admin = s.admin.lock().await;
-        let lead = s.leading()?;
-        s.with_core(|c| {
-            if c.volumes.contains_key(&r.name) {
-                Ok(())
-            } else {
-                Err(Status::not_found(format!("no eVol named {}", r.name)))
+        let s = Arc::clone(&self.0);
+        to_the_end(async move {
+            let s = &s;
+            let _admin = s.admin.lock().await;
+            let lead = s.leading()?;
+            let now = s.now();
+            let done = s.with_core(|c| {
+                if c.volumes.contains_key(&r.name) {
+                    Ok(None)
+                } else if let Some(freed) = c.deleted.get(&r.name, now) {
+                    Ok(Some(freed))
+                } else {
+                    Err(Status::not_found(format!("no eVol named {}", r.name)))
+                }
+            })?;
+            if let Some(freed_extents) = done {
+                return Ok(Response::new(pb::DeleteVolumeResponse { freed_extents }));
             }
-        })?;
-        // A host serving the eVol would go on writing to its extents after
-        // they are freed, zeroed and mapped to another volume.
-        let name = r.name.clone();
-        let owners = s.etcd(move |st, k| st.evol_owners(k, &name)).await?;
-        if let Some((device, owner)) = owners.first() {
-            if !r.force {
-                return Err(Status::failed_precondition(format!(
-                    "eVol {} is attached by host {} (device {device}); stop it there first (deleting with force lets that host's writes land in extents reused by other volumes)",
+            // A host serving the eVol would go on writing to its extents after
+            // they are freed, zeroed and mapped to another volume.
+            let name = r.name.clone();
+            let owners = s.etcd(move |st, k| st.evol_owners(k, &name)).await?;
+            if let Some((device, owner)) = owners.first() {
+                if !r.force {
+                    return Err(Status::failed_precondition(format!(
+                        "eVol {} is attached by host {} (device {device}); stop it there first (deleting with force lets that host's writes land in extents reused by other volumes)",
+                        r.name,
+                        owner.describe()
+                    )));
+                }
+                log::warn!(
+                    "eVol {}: deleting with force although host {} (device {device}) serves it",
                     r.name,
                     owner.describe()
-                )));
+                );
             }
-            log::warn!(
-                "eVol {}: deleting with force although host {} (device {device}) serves it",
-                r.name,
-                owner.describe()
-            );
-        }
-        let (vid, spec) = s.with_core(|c| {
-            let v = c
-                .volumes
-                .get(&r.name)
-                .cloned()
-                .ok_or_else(|| Status::not_found(format!("no eVol named {}", r.name)))?;
-            c.deleting.insert(r.name.clone());
-            Ok(v)
-        })?;
-        // Allocations already past the check finish first.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let busy = s.with_core(|c| Ok(c.tentative.keys().any(|(v, _)| *v == vid)))?;
-            if !busy {
-                break;
+            let (vid, spec) = s.with_core(|c| {
+                let v = c
+                    .volumes
+                    .get(&r.name)
+                    .cloned()
+                    .ok_or_else(|| Status::not_found(format!("no eVol named {}", r.name)))?;
+                c.deleting.insert(r.name.clone());
+                Ok(v)
+            })?;
+            // Allocations already past the check finish first.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let busy = s.with_core(|c| Ok(c.tentative.keys().any(|(v, _)| *v == vid)))?;
+                if !busy {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
+                    return Err(Status::aborted(
+                        "allocations in flight did not finish; retry",
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            if Instant::now() > deadline {
-                let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
-                return Err(Status::aborted(
-                    "allocations in flight did not finish; retry",
-                ));
+            // The mappings in etcd, not the catalog's: an allocation whose
+            // answer was lost may have committed a mapping the catalog rolled
+            // back; left behind, it would survive the spec and expose its data
+            // to the next eVol of this name.
+            let name = r.name.clone();
+            let records = match s.etcd(move |st, k| st.read_extents(k, &name)).await {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
+                    return Err(e);
+                }
+            };
+            // What this delete frees is fixed by its first attempt's read, made
+            // with the eVol `deleting` (no new mappings): a retry after an
+            // error finds fewer mappings and keeps the first count.
+            let total: u64 = records.iter().map(|rec| rec.copies.len() as u64).sum();
+            s.with_core(|c| {
+                c.delete_freed.entry(r.name.clone()).or_insert(total);
+                Ok(())
+            })?;
+            let mut unknown = false;
+            // Every step may be retried after a lost answer (the client sends
+            // the delete again; etcd may have committed): AlreadyDone counts
+            // as done. After an error the eVol stays `deleting` (some extents
+            // may be unmapped already): no allocation until a retry finishes.
+            for rec in records {
+                let rc = rec.clone();
+                let outcome = s.etcd(move |st, k| st.unmap_extent(k, lead, &rc)).await;
+                match outcome {
+                    Ok(ChangeOutcome::Done | ChangeOutcome::AlreadyDone) => {
+                        s.with_core(|c| {
+                            unknown |= !c.unmapped(vid, &rec);
+                            Ok(())
+                        })?;
+                        s.zeroing_wake.notify_one();
+                    }
+                    Ok(other) => {
+                        return Err(s
+                            .stale(
+                                other,
+                                &format!("eVol {} extent {}'s mapping", r.name, rec.index),
+                            )
+                            .await);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        // The mappings in etcd, not the catalog's: an allocation whose
-        // answer was lost may have committed a mapping the catalog rolled
-        // back; left behind, it would survive the spec and expose its data
-        // to the next eVol of this name.
-        let name = r.name.clone();
-        let records = match s.etcd(move |st, k| st.read_extents(k, &name)).await {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = s.with_core(|c| Ok(c.deleting.remove(&r.name)));
-                return Err(e);
-            }
-        };
-        let mut unknown = false;
-        // Every step may be retried after a lost answer (the client sends
-        // the delete again; etcd may have committed): AlreadyDone counts
-        // as done. After an error the eVol stays `deleting` (some extents
-        // may be unmapped already): no allocation until a retry finishes.
-        for rec in records {
-            let rc = rec.clone();
-            let outcome = s.etcd(move |st, k| st.unmap_extent(k, lead, &rc)).await;
-            match outcome {
-                Ok(ChangeOutcome::Done | ChangeOutcome::AlreadyDone) => {
-                    s.with_core(|c| {
-                        unknown |= !c.unmapped(vid, &rec);
-                        *c.delete_freed.entry(r.name.clone()).or_default() +=
-                            rec.copies.len() as u64;
-                        Ok(())
+            let sp = spec.clone();
+            let outcome = s.etcd(move |st, k| st.delete_evol(k, lead, &sp)).await;
+            match outcome? {
+                ChangeOutcome::Done | ChangeOutcome::AlreadyDone => {
+                    let now = s.now();
+                    let freed = s.with_core(|c| {
+                        c.remove_volume(&r.name);
+                        c.deleting.remove(&r.name);
+                        let freed = c.delete_freed.remove(&r.name).unwrap_or(0);
+                        c.deleted.remember(&r.name, freed, now);
+                        Ok(freed)
                     })?;
-                    s.zeroing_wake.notify_one();
-                }
-                Ok(other) => {
-                    return Err(s
-                        .stale(
-                            other,
-                            &format!("eVol {} extent {}'s mapping", r.name, rec.index),
-                        )
-                        .await);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let sp = spec.clone();
-        let outcome = s.etcd(move |st, k| st.delete_evol(k, lead, &sp)).await;
-        match outcome? {
-            ChangeOutcome::Done | ChangeOutcome::AlreadyDone => {
-                let freed = s.with_core(|c| {
-                    c.remove_volume(&r.name);
-                    c.deleting.remove(&r.name);
-                    Ok(c.delete_freed.remove(&r.name).unwrap_or(0))
-                })?;
-                if unknown {
-                    // Mappings the catalog did not hold: their physical
-                    // extents wait for zeroing in etcd; read them in.
-                    log::warn!(
-                        "eVol {}: etcd held mappings this arbiter did not (an allocation's answer was lost); reloading the pool",
+                    if unknown {
+                        // Mappings the catalog did not hold: their physical
+                        // extents wait for zeroing in etcd; read them in.
+                        log::warn!(
+                            "eVol {}: etcd held mappings this arbiter did not (an allocation's answer was lost); reloading the pool",
+                            r.name
+                        );
+                        s.reload().await?;
+                    }
+                    log::info!(
+                        "eVol {} deleted ({freed} physical extents freed; they are zeroed before reuse)",
                         r.name
                     );
-                    s.reload().await?;
+                    Ok(Response::new(pb::DeleteVolumeResponse {
+                        freed_extents: freed,
+                    }))
                 }
-                log::info!(
-                    "eVol {} deleted ({freed} physical extents freed; they are zeroed before reuse)",
-                    r.name
-                );
-                Ok(Response::new(pb::DeleteVolumeResponse {
-                    freed_extents: freed,
-                }))
+                other => Err(s.stale(other, &format!("eVol {}'s spec", r.name)).await),
             }
-            other => Err(s.stale(other, &format!("eVol {}'s spec", r.name)).await),
-        }
+        })
+        .await
     }
 
     async fn grow_volume(
@@ -792,50 +832,54 @@ impl Arbiter for Service {
         if r.size_bytes > 1 << 60 {
             return Err(Status::invalid_argument("size_bytes must be at most 1 EiB"));
         }
-        let s = &self.0;
-        let _admin = s.admin.lock().await;
-        let lead = s.leading()?;
-        let (old, unreserved) = s.with_core(|c| {
-            let (_, spec) = c
-                .volumes
-                .get(&r.name)
-                .cloned()
-                .ok_or_else(|| Status::not_found(format!("no eVol named {}", r.name)))?;
-            Ok((spec, c.catalog.unreserved_extents()))
-        })?;
-        let eb = old.extent_bytes;
-        let size = r.size_bytes.div_ceil(eb) * eb;
-        if size < old.size_bytes {
-            return Err(Status::invalid_argument(format!(
-                "eVols never shrink: {} is {} bytes, asked {}",
-                r.name, old.size_bytes, r.size_bytes
-            )));
-        }
-        if size > old.size_bytes {
-            let extra = (size - old.size_bytes) / eb * u64::from(old.copies);
-            if extra > unreserved {
-                return Err(Status::resource_exhausted(format!(
-                    "growing {} needs {extra} more extents, {unreserved} are unreserved",
-                    r.name
+        let s = Arc::clone(&self.0);
+        to_the_end(async move {
+            let s = &s;
+            let _admin = s.admin.lock().await;
+            let lead = s.leading()?;
+            let (old, unreserved) = s.with_core(|c| {
+                let (_, spec) = c
+                    .volumes
+                    .get(&r.name)
+                    .cloned()
+                    .ok_or_else(|| Status::not_found(format!("no eVol named {}", r.name)))?;
+                Ok((spec, c.catalog.unreserved_extents()))
+            })?;
+            let eb = old.extent_bytes;
+            let size = r.size_bytes.div_ceil(eb) * eb;
+            if size < old.size_bytes {
+                return Err(Status::invalid_argument(format!(
+                    "eVols never shrink: {} is {} bytes, asked {}",
+                    r.name, old.size_bytes, r.size_bytes
                 )));
             }
-            let new = EvolSpec {
-                size_bytes: size,
-                ..old.clone()
-            };
-            let (o, n) = (old.clone(), new.clone());
-            match s.etcd(move |st, k| st.update_evol(k, lead, &o, &n)).await? {
-                ChangeOutcome::Done | ChangeOutcome::AlreadyDone => {}
-                other => return Err(s.stale(other, &format!("eVol {}'s spec", r.name)).await),
+            if size > old.size_bytes {
+                let extra = (size - old.size_bytes) / eb * u64::from(old.copies);
+                if extra > unreserved {
+                    return Err(Status::resource_exhausted(format!(
+                        "growing {} needs {extra} more extents, {unreserved} are unreserved",
+                        r.name
+                    )));
+                }
+                let new = EvolSpec {
+                    size_bytes: size,
+                    ..old.clone()
+                };
+                let (o, n) = (old.clone(), new.clone());
+                match s.etcd(move |st, k| st.update_evol(k, lead, &o, &n)).await? {
+                    ChangeOutcome::Done | ChangeOutcome::AlreadyDone => {}
+                    other => return Err(s.stale(other, &format!("eVol {}'s spec", r.name)).await),
+                }
+                log::info!("eVol {} grown to {size} bytes", r.name);
+                s.reload().await?;
             }
-            log::info!("eVol {} grown to {size} bytes", r.name);
-            s.reload().await?;
-        }
-        s.with_core(|c| {
-            c.volume_info(&r.name)
-                .map(Response::new)
-                .ok_or_else(|| Status::internal("the grown eVol is not in the catalog"))
+            s.with_core(|c| {
+                c.volume_info(&r.name)
+                    .map(Response::new)
+                    .ok_or_else(|| Status::internal("the grown eVol is not in the catalog"))
+            })
         })
+        .await
     }
 
     async fn list_volumes(
@@ -860,43 +904,47 @@ impl Arbiter for Service {
         if r.nsid == 0 || r.nsid == u32::MAX {
             return Err(Status::invalid_argument("nsid must be 1..=0xfffffffe"));
         }
-        let s = &self.0;
-        let eb = s.config.extent_bytes;
-        let extents = if r.extents > 0 {
-            r.extents
-        } else {
-            r.capacity_bytes / eb
-        };
-        if extents == 0 || extents > 1 << 40 {
-            return Err(Status::invalid_argument(format!(
-                "capacity of {extents} extents of {eb} bytes: must be 1..=2^40 (give extents or capacity_bytes)"
-            )));
-        }
-        let _admin = s.admin.lock().await;
-        let lead = s.leading()?;
-        let rec = NamespaceRecord {
-            schema: SCHEMA,
-            id: r.id.clone(),
-            target: r.target,
-            address: r.address,
-            subnqn: r.subnqn,
-            nsid: r.nsid,
-            extents,
-            extent_bytes: eb,
-        };
-        let rc = rec.clone();
-        if !s.etcd(move |st, k| st.put_namespace(k, lead, &rc)).await? {
-            s.leading()?;
-            return Err(Status::aborted(
-                "the namespace's record changed in etcd; retry",
-            ));
-        }
-        log::info!("namespace {} in the pool ({extents} extents)", rec.id);
-        let rebuild = s.with_core(|c| Ok(c.namespace_added(&rec)))?;
-        if rebuild {
-            s.reload().await?;
-        }
-        s.with_core(|c| Ok(Response::new(c.namespace_info(&c.namespaces[&rec.id]))))
+        let s = Arc::clone(&self.0);
+        to_the_end(async move {
+            let s = &s;
+            let eb = s.config.extent_bytes;
+            let extents = if r.extents > 0 {
+                r.extents
+            } else {
+                r.capacity_bytes / eb
+            };
+            if extents == 0 || extents > 1 << 40 {
+                return Err(Status::invalid_argument(format!(
+                    "capacity of {extents} extents of {eb} bytes: must be 1..=2^40 (give extents or capacity_bytes)"
+                )));
+            }
+            let _admin = s.admin.lock().await;
+            let lead = s.leading()?;
+            let rec = NamespaceRecord {
+                schema: SCHEMA,
+                id: r.id.clone(),
+                target: r.target,
+                address: r.address,
+                subnqn: r.subnqn,
+                nsid: r.nsid,
+                extents,
+                extent_bytes: eb,
+            };
+            let rc = rec.clone();
+            if !s.etcd(move |st, k| st.put_namespace(k, lead, &rc)).await? {
+                s.leading()?;
+                return Err(Status::aborted(
+                    "the namespace's record changed in etcd; retry",
+                ));
+            }
+            log::info!("namespace {} in the pool ({extents} extents)", rec.id);
+            let rebuild = s.with_core(|c| Ok(c.namespace_added(&rec)))?;
+            if rebuild {
+                s.reload().await?;
+            }
+            s.with_core(|c| Ok(Response::new(c.namespace_info(&c.namespaces[&rec.id]))))
+        })
+        .await
     }
 
     async fn list_namespaces(
@@ -914,7 +962,10 @@ impl Arbiter for Service {
         req: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::AllocateResponse>, Status> {
         let r = req.into_inner();
-        self.0.allocate(&r.evol, r.index).await.map(Response::new)
+        let s = Arc::clone(&self.0);
+        to_the_end(async move { s.allocate(&r.evol, r.index).await })
+            .await
+            .map(Response::new)
     }
 
     async fn report_io(
