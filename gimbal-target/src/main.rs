@@ -87,7 +87,33 @@ const MAN: cli_docs::ManInfo = cli_docs::ManInfo {
     ],
 };
 
+/// Keeps glibc's malloc from returning the data buffers of large writes to
+/// the kernel after each command. A write of 128 KiB gets its R2T buffer
+/// (`Vec::with_capacity(len)`), at glibc's default mmap threshold (128 KiB,
+/// raised dynamically) from a fresh mapping or from arena space just
+/// trimmed: every write then page-faults 32 pages in, which the kernel
+/// zeroes, and gives them back on free. Profiled in the VM bench (issue
+/// 14, docs/benchmarks.md): the copy into those new pages was 13-26 % of
+/// the guest's samples at 128k writes. With buffers below 4 MiB (MDTS is 1
+/// MiB) served from the arenas and up to 64 MiB of free space kept per
+/// arena before trimming, they are reused warm; the data budget
+/// (`limits.max_buffered_bytes`) still bounds what is live.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_buffers() {
+    // SAFETY: mallopt only sets allocator parameters (the thresholds are
+    // in range: at most HEAP_MAX_SIZE / 2 on 64-bit); it runs first in
+    // main, before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_buffers() {}
+
 fn main() -> ExitCode {
+    keep_freed_buffers();
     config_diag::logging::init_logging("info");
     // `gimbal-target generate man|completion ...` (hidden, for packaging).
     if let Some(status) = cli_docs::generate_if_asked(Cli::command, &MAN) {
