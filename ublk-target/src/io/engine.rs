@@ -1483,12 +1483,23 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
             }
             sqes.clear();
             let mut m = msgs.iter();
-            for seg in window {
+            let pending = plan.pending().len();
+            for (i, seg) in window.iter().enumerate() {
                 sqes.push(match *seg {
                     Seg::Msg { .. } => {
                         let m = m.next().expect("one header per Msg segment");
+                        // A header followed by its data (a `WriteFixed`,
+                        // which takes no flags) waits for it: with
+                        // TCP_NODELAY it would otherwise leave as a packet
+                        // of its own, and the peer would wake for a header
+                        // without its data (the kernel host sends its
+                        // headers with MSG_MORE for the same reason). The
+                        // plan's last segment never has it, so nothing
+                        // stays corked: a broken chain is resubmitted from
+                        // where it stopped.
+                        let more = if i + 1 < pending { libc::MSG_MORE } else { 0 };
                         io_uring::opcode::SendMsg::new(io_uring::types::Fd(fd), m)
-                            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL) as u32)
+                            .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL | more) as u32)
                             .build()
                     }
                     // With a fixed buffer the address is the offset into
