@@ -21,14 +21,19 @@
 #   ublk-copy         with BENCH_COPY=1: ublk-credits-off with [io]
 #                     zero_copy = "off" (the copy through the tag buffers),
 #                     for the one-queue jobs, to see what zero copy changes
+#   ublk-credits-off-b with BENCH_AA=1: a second, identical credits-off
+#                     volume run right after the first, for the one-queue
+#                     jobs: ublk-credits-off/ublk-credits-off-b should be
+#                     1.0, so its spread is this host's noise floor for
+#                     the default/off goals (an A/A control)
 # and fio (libaio, direct, BENCH_SECS (8) measured after 2 s warm-up) for:
 # 4k randread, 4k randwrite, 128k read, 128k write, 1M read (sequential),
 # all QD 32; 4k randread QD 1 and QD 128; and the multi-queue case, two fio
 # jobs of 4k randread QD 32 reported together, on volumes with queues = 2
 # (both ublk hosts) and on the kernel host. In every round each job runs on
-# the three hosts back to back (ublk, ublk-credits-off, kernel), so the
-# host's noise falls on all three alike; ratios are only taken within a
-# round. For every job: the ratios ublk/kernel, ublk-credits-off/kernel and
+# the three hosts back to back (ublk, ublk-credits-off, kernel; reversed
+# in even rounds), so the host's noise falls on all three alike; ratios are
+# only taken within a round. For every job: the ratios ublk/kernel, ublk-credits-off/kernel and
 # ublk/ublk-credits-off per round (IOPS for 4k jobs, MiB/s for the rest),
 # then their median and spread (min-max) across rounds, with the issue's
 # goal where it sets one (a report, not a check).
@@ -149,6 +154,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ]; then
     volume D_AUTO2 ublkq2 4420 $NQN 3 2 auto || exit 1
     volume D_OFF2 ublkoffq2 4420 $NQN 3 2 off || exit 1
     if [ -n "${BENCH_COPY:-}" ]; then volume D_COPY ublkcopy 4420 $NQN 3 1 off copy || exit 1; fi
+    if [ -n "${BENCH_AA:-}" ]; then volume D_OFFB ublkoffb 4420 $NQN 3 1 off || exit 1; fi
     check "kernel host connects" nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN || exit 1
     wait_for "kernel host namespaces appear" 20 nvme_ns_dev $NQN 3 || exit 1
     KDEV=$(nvme_ns_dev $NQN 3)
@@ -178,17 +184,26 @@ EOC
     volume W_OFF writeroff 4421 $SIM_NQN 1 1 off || exit 1
 fi
 
-# matrix_job ROUND JOB RW BS QD [JOBS]: JOB on the three hosts, in order.
+# matrix_job ROUND JOB RW BS QD [JOBS]: JOB on the three hosts (four or
+# five with BENCH_AA / BENCH_COPY) back to back. Odd rounds run them in the
+# order ublk, ublk-credits-off[, ublk-credits-off-b], kernel[, ublk-copy],
+# even rounds in the reverse order: this host's speed drifts within a
+# round, and a fixed order would lean every ratio the same way in every
+# round (the kernel host's 4k randread moved by 2.4x between rounds at
+# 306f516, docs/benchmarks.md); alternating it cancels a steady drift
+# over each pair of rounds.
 matrix_job() {
     _r=$1 _j=$2 _rw=$3 _bs=$4 _qd=$5 _n=${6:-1}
     case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
     if [ "$_n" -gt 1 ]; then _a=$D_AUTO2 _o=$D_OFF2; else _a=$D_AUTO _o=$D_OFF; fi
-    fio_bench "round=$_r host=ublk job=$_j" "$_a" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
-    fio_bench "round=$_r host=ublk-credits-off job=$_j" "$_o" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
-    fio_bench "round=$_r host=kernel job=$_j" "$KDEV" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
-    if [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ]; then
-        fio_bench "round=$_r host=ublk-copy job=$_j" "$D_COPY" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
-    fi
+    _hosts="ublk=$_a ublk-credits-off=$_o"
+    [ -n "${BENCH_AA:-}" ] && [ "$_n" = 1 ] && _hosts="$_hosts ublk-credits-off-b=$D_OFFB"
+    _hosts="$_hosts kernel=$KDEV"
+    [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _hosts="$_hosts ublk-copy=$D_COPY"
+    [ $((_r % 2)) -eq 0 ] && _hosts=$(printf '%s\n' $_hosts | tac | tr '\n' ' ')
+    for _h in $_hosts; do
+        fio_bench "round=$_r host=${_h%%=*} job=$_j" "${_h#*=}" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+    done
 }
 
 # tenant_fio OUT DEV RW QD: one tenant's timed 4k fio run, terse v3 to OUT.
@@ -228,6 +243,7 @@ tenants() {
 }
 
 # --- the rounds ------------------------------------------------------------
+log "guest kernel command line: $(cat /proc/cmdline)"
 log "rounds: $ROUNDS; matrix ${SECS}s + 2s warm-up per job; tenants ${TSECS}s + ${TRAMP}s, sim device at ${SCALE}x"
 round=1
 while [ $round -le "$ROUNDS" ]; do
@@ -298,6 +314,7 @@ ublk/kernel:128k-write-qd32:>=1.0 ublk/kernel:1m-read-qd32:>=0.9 ublk/kernel:4k-
 ublk/kernel:4k-randread-2jobs-qd32:>=1.0"
 pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
 [ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
+[ -n "${BENCH_AA:-}" ] && pairs="$pairs ublk-credits-off/ublk-credits-off-b"
 bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 # The two tenants: default over off, per round, then median and spread.
 grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk '
