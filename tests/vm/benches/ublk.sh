@@ -93,10 +93,13 @@
 # path). For 128k read, 128k write and 4k randread, QD 32, on
 # ublk-credits-off and the kernel host: `perf record -a -g` (cpu-clock,
 # 499 Hz: TCG has no PMU) over BENCH_SECS of the job, then the share of
-# samples by command, by command and binary, and by kernel/user symbol
-# (self time, >= 1 %), as "BENCH profile host=... job=...
-# by=comm|comm,dso|sym share=... name=..."
-# lines. BENCH_ONLY=profile runs only this part (with part 1's setup).
+# samples by command, by command and binary, by kernel/user symbol and by
+# gimbal-target's own symbols (self time, >= 1 % of all samples), as
+# "BENCH profile host=... job=... by=comm|comm,dso|sym|target-sym
+# share=... name=..." lines; and, counted over the same seconds by `perf
+# stat`, each process's system calls and context switches per second and
+# per fio I/O ("by=events comm=... event=... per_sec=... per_io=...").
+# BENCH_ONLY=profile runs only this part (with part 1's setup).
 #
 # Afterwards `ublk-nvmf status` of every volume (credit window and its
 # source). Benchmarks report; only fio errors and setup fail the run.
@@ -273,8 +276,16 @@ profile() {
         --norandommap --output-format=terse --terse-version=3 >/tmp/prof-fio.out 2>&1 &
     _fp=$!
     sleep 2
+    # Beside the samples, over the same seconds: every process's system
+    # calls and context switches (exact counts, not samples), to tell
+    # per request what the target and the client do with each host.
+    perf stat -a --per-thread -e raw_syscalls:sys_enter,sched:sched_switch -x, \
+        -o /tmp/perf-stat.txt -- sleep "$SECS" >/tmp/perf-stat.log 2>&1 &
+    _psp=$!
     perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
     _prc=$?
+    wait $_psp
+    _psrc=$?
     wait $_fp
     if [ $_prc -ne 0 ] || ! grep -q '^3;' /tmp/prof-fio.out; then
         fail "profile $1 $2 (perf exit $_prc)"
@@ -282,13 +293,30 @@ profile() {
         return 1
     fi
     pass "profile $1 $2"
-    for _by in comm comm,dso sym; do
-        perf report -i /tmp/perf.data --no-children --sort "$_by" -g none --stdio --percent-limit 1 2>/dev/null |
+    for _by in comm comm,dso sym target-sym; do
+        _sort=$_by _only=""
+        # The target's own symbols: what it spends with this host.
+        [ "$_by" = target-sym ] && _sort=sym _only="--comms gimbal-target --percentage absolute"
+        perf report -i /tmp/perf.data --no-children --sort "$_sort" $_only -g none --stdio --percent-limit 1 2>/dev/null |
             grep -E '^ +[0-9.]+%' | head -n 25 |
             awk -v h="$1" -v j="$2" -v by="$_by" '{ sh = $1; $1 = ""; sub(/^ +/, ""); gsub(/ /, "_");
                 printf "BENCH profile host=%s job=%s by=%s share=%s name=%s\n", h, j, by, sh, $0 }' |
             tee -a "$FIO_BENCH_OUT"
     done
+    # Per request: the counts over the window divided by fio's I/Os in it
+    # (its IOPS, reads or writes, times the window). Thread names are
+    # summed per process name (`comm-tid` in perf's output).
+    if [ $_psrc -eq 0 ]; then
+        _iops=$(awk -F';' '/^3;/ { print $8 + $49 }' /tmp/prof-fio.out)
+        awk -F, -v h="$1" -v j="$2" -v secs="$SECS" -v iops="$_iops" '
+            NF >= 4 && $2 ~ /^[0-9]+$/ { c = $1; sub(/-[0-9]+$/, "", c); gsub(/ /, "", c); n[c "," $4] += $2 }
+            END { for (k in n) { split(k, a, ","); if (n[k] >= secs * 10)
+                printf "BENCH profile host=%s job=%s by=events comm=%s event=%s per_sec=%.0f per_io=%.2f\n",
+                    h, j, a[1], a[2], n[k] / secs, (iops > 0) ? n[k] / secs / iops : 0 } }' \
+            /tmp/perf-stat.txt | sort | tee -a "$FIO_BENCH_OUT"
+    else
+        log "profile $1 $2: perf stat failed (exit $_psrc): $(tail -n 2 /tmp/perf-stat.log | tr '\n' ' ')"
+    fi
     # Who calls the copies (console log only): the call chains of the
     # kernel's copy and page-clearing routines and of unresolved user code
     # (libc's memcpy/memset variants have no symbols in the guest).
