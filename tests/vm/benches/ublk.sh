@@ -207,6 +207,11 @@ matrix_job() {
     for _h in $_hosts; do
         fio_bench "round=$_r host=${_h%%=*} job=$_j" "${_h#*=}" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
     done
+    # Where the default volume's estimate stood after each job (console
+    # log): a default/off ratio below 1 is read against the window and
+    # gain the job ended with.
+    if [ "$_n" -gt 1 ]; then _v=ublkq2; else _v=ublk; fi
+    log "round $_r $_j, $_v after: $(ublk-nvmf status "$_v" 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
 }
 
 # tenant_fio OUT DEV RW QD: one tenant's timed 4k fio run, terse v3 to OUT.
