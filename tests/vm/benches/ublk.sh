@@ -33,8 +33,8 @@
 # (both ublk hosts) and on the kernel host. In every round each job runs on
 # the three hosts back to back (ublk, ublk-credits-off, kernel; reversed
 # in even rounds), so the host's noise falls on all three alike; ratios are
-# only taken within a round. For every job: the ratios ublk/kernel, ublk-credits-off/kernel and
-# ublk/ublk-credits-off per round (IOPS for 4k jobs, MiB/s for the rest),
+# only taken within a round. For every job: the ratios ublk/kernel,
+# ublk-credits-off/kernel and ublk/ublk-credits-off per round (IOPS for 4k jobs, MiB/s for the rest),
 # then their median and spread (min-max) across rounds, with the issue's
 # goal where it sets one (a report, not a check).
 #
