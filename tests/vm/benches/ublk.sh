@@ -11,30 +11,39 @@
 # matrix jobs; the BENCH lines
 # land in target/vm/bench/ublk.txt; docs/benchmarks.md records the runs.
 #
-# Part 1, the matrix. Three hosts of one gimbal-target `null` namespace
-# (nsid 3) on loopback:
-#   ublk              a volume with the default config (credits = "auto":
-#                     the plain target sends no credits, so the latency
-#                     estimate runs), 1 queue, depth 128
-#   ublk-credits-off  the same with [qos] credits = "off"
+# Part 1, the matrix. Hosts of one gimbal-target `null` namespace (nsid 3)
+# on loopback:
+#   ublk              the default config (credits = "auto": the plain
+#                     target sends no credits, so the latency estimate
+#                     runs), 1 queue, depth 128
+#   ublk-credits-off  the same with credits = "off"
 #   kernel            the kernel host (nvme connect; one I/O queue per vCPU)
-#   ublk-copy         with BENCH_COPY=1: ublk-credits-off with [io]
-#                     zero_copy = "off" (the copy through the tag buffers),
-#                     for the one-queue jobs, to see what zero copy changes
-#   ublk-credits-off-b with BENCH_AA=1: a second, identical credits-off
-#                     volume run right after the first, for the one-queue
-#                     jobs: ublk-credits-off/ublk-credits-off-b should be
-#                     1.0, so its spread is this host's noise floor for
-#                     the default/off goals (an A/A control)
-# and fio (libaio, direct, BENCH_SECS (8) measured after 2 s warm-up) for:
-# 4k randread, 4k randwrite, 128k read, 128k write, 1M read (sequential),
-# all QD 32; 4k randread QD 1 and QD 128; and the multi-queue case, two fio
-# jobs of 4k randread QD 32 reported together, on volumes with queues = 2
-# (both ublk hosts) and on the kernel host. In every round each job runs on
-# the three hosts back to back (ublk, ublk-credits-off, kernel; reversed
-# in even rounds), so the host's noise falls on all three alike; ratios are
-# only taken within a round. For every job: the ratios ublk/kernel,
-# ublk-credits-off/kernel and ublk/ublk-credits-off per round (IOPS for 4k jobs, MiB/s for the rest),
+#   ublk-copy         with BENCH_COPY=1: credits off and [io] zero_copy =
+#                     "off" (the copy through the tag buffers), for the
+#                     one-queue jobs, to see what zero copy changes
+# The two ublk modes are not two volumes but two volumes in both modes:
+# volumes `ublka` and `ublkb` (`ublkq2a`/`ublkq2b` with queues = 2) each
+# run every job once with the default and once with credits off
+# (`ublk-nvmf set NAME credits=...` before each run), as hosts ublk-a,
+# ublk-b, ublk-credits-off-a and ublk-credits-off-b. Why: two identically
+# configured volumes differ by a persistent 10-25 % that each gets when it
+# is created (the A/A control at cef625c, docs/benchmarks.md), so a ratio
+# of two volumes measured the volumes, not the modes. Here each volume is
+# its own control: the hosts `ublk` and `ublk-credits-off` in the ratios
+# are the geometric means of the two volumes' runs in that mode, in which
+# a volume's offset cancels from default/off exactly and is halved in
+# ublk/kernel; ublk-credits-off-a/ublk-credits-off-b is the A/A ratio (the
+# offset itself), and ublk-a/ublk-credits-off-a, ublk-b/ublk-credits-off-b
+# show whether the two volumes agree on default/off.
+# The jobs, fio (libaio, direct, BENCH_SECS (8) measured after 2 s
+# warm-up): 4k randread, 4k randwrite, 128k read, 128k write, 1M read
+# (sequential), all QD 32; 4k randread QD 1 and QD 128; and the
+# multi-queue case, two fio jobs of 4k randread QD 32 reported together,
+# on the queues = 2 volumes and on the kernel host. In every round each
+# job runs on the hosts back to back (ublk-a, ublk-credits-off-b, kernel,
+# ublk-b, ublk-credits-off-a; reversed in even rounds), so the host's
+# noise falls on all alike; ratios are only taken within a round. For
+# every job: the ratios per round (IOPS for 4k jobs, MiB/s for the rest),
 # then their median and spread (min-max) across rounds, with the issue's
 # goal where it sets one (a report, not a check).
 #
@@ -44,7 +53,8 @@
 # that namespace: a latency-sensitive reader (4k randread, QD 1) and a
 # writer (4k randwrite, QD 128), run together for BENCH_TENANT_SECS (20)
 # after BENCH_TENANT_RAMP (5) s of warm-up; once with both volumes at the
-# default, once with both credits = "off", in every round. Reported: the
+# default, once with both set to credits = "off" (the same two volumes,
+# so that no volume offset enters the ratios), in every round. Reported: the
 # reader's p99 and IOPS, the writer's IOPS and MiB/s, the total bytes/s of
 # both; then reader p99 default/off (goal <= 0.5) and total default/off
 # (goal >= 0.9) per round, median and spread.
@@ -148,20 +158,31 @@ volume() {
     esac
 }
 
+# set_mode VOLUME auto|off: the volume's credit mode for the next run.
+set_mode() {
+    _o=$(ublk-nvmf set "$1" credits="$2" 2>&1)
+    case "$_o" in
+    credits="$2"*) ;;
+    *)
+        fail "ublk-nvmf set $1 credits=$2: $_o"
+        return 1
+        ;;
+    esac
+}
+
 # --- part 1 setup: null namespace, four volumes, the kernel host ---------
 if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ]; then
     gimbal_write_config
     gimbal_start || exit 1
-    volume D_AUTO ublk 4420 $NQN 3 1 auto || exit 1
-    volume D_OFF ublkoff 4420 $NQN 3 1 off || exit 1
-    volume D_AUTO2 ublkq2 4420 $NQN 3 2 auto || exit 1
-    volume D_OFF2 ublkoffq2 4420 $NQN 3 2 off || exit 1
+    volume D_A ublka 4420 $NQN 3 1 auto || exit 1
+    volume D_B ublkb 4420 $NQN 3 1 auto || exit 1
+    volume D_A2 ublkq2a 4420 $NQN 3 2 auto || exit 1
+    volume D_B2 ublkq2b 4420 $NQN 3 2 auto || exit 1
     if [ -n "${BENCH_COPY:-}" ]; then volume D_COPY ublkcopy 4420 $NQN 3 1 off copy || exit 1; fi
-    if [ -n "${BENCH_AA:-}" ]; then volume D_OFFB ublkoffb 4420 $NQN 3 1 off || exit 1; fi
     check "kernel host connects" nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN || exit 1
     wait_for "kernel host namespaces appear" 20 nvme_ns_dev $NQN 3 || exit 1
     KDEV=$(nvme_ns_dev $NQN 3)
-    log "null namespace: ublk $D_AUTO, ublk-credits-off $D_OFF, queues=2: $D_AUTO2 / $D_OFF2, kernel $KDEV ($(ls /sys/block/${KDEV#/dev/}/mq | wc -l) hardware queues)"
+    log "null namespace: ublka $D_A, ublkb $D_B, queues=2: ublkq2a $D_A2 / ublkq2b $D_B2, kernel $KDEV ($(ls /sys/block/${KDEV#/dev/}/mq | wc -l) hardware queues)"
 fi
 
 # --- part 2 setup: the sim device on a second target, four volumes -------
@@ -181,37 +202,54 @@ qos = "none"
 EOC
     start_daemon gimbal-sim gimbal-target run --config /tmp/sim-target.toml
     wait_for "sim target listens on :4421" 20 gimbal_listening 4421 || exit 1
-    volume R_AUTO reader 4421 $SIM_NQN 1 1 auto || exit 1
-    volume W_AUTO writer 4421 $SIM_NQN 1 1 auto || exit 1
-    volume R_OFF readeroff 4421 $SIM_NQN 1 1 off || exit 1
-    volume W_OFF writeroff 4421 $SIM_NQN 1 1 off || exit 1
+    volume R_DEV reader 4421 $SIM_NQN 1 1 auto || exit 1
+    volume W_DEV writer 4421 $SIM_NQN 1 1 auto || exit 1
 fi
 
-# matrix_job ROUND JOB RW BS QD [JOBS]: JOB on the three hosts (four or
-# five with BENCH_AA / BENCH_COPY) back to back. Odd rounds run them in the
-# order ublk, ublk-credits-off[, ublk-credits-off-b], kernel[, ublk-copy],
-# even rounds in the reverse order: this host's speed drifts within a
-# round, and a fixed order would lean every ratio the same way in every
-# round (the kernel host's 4k randread moved by 2.4x between rounds at
-# 306f516, docs/benchmarks.md); alternating it cancels a steady drift
-# over each pair of rounds.
+# matrix_job ROUND JOB RW BS QD [JOBS]: JOB on every host back to back.
+# Odd rounds run them in the order ublk-a, ublk-credits-off-b, kernel,
+# ublk-b, ublk-credits-off-a[, ublk-copy], even rounds in the reverse
+# order: this host's speed drifts within a round, and a fixed order would
+# lean every ratio the same way in every round (the kernel host's 4k
+# randread moved by 2.4x between rounds at 306f516, docs/benchmarks.md);
+# alternating it cancels a steady drift over each pair of rounds. Then
+# the round's `ublk` and `ublk-credits-off` lines: the geometric means of
+# the two volumes in that mode.
 matrix_job() {
     _r=$1 _j=$2 _rw=$3 _bs=$4 _qd=$5 _n=${6:-1}
     case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
-    if [ "$_n" -gt 1 ]; then _a=$D_AUTO2 _o=$D_OFF2; else _a=$D_AUTO _o=$D_OFF; fi
-    _hosts="ublk=$_a ublk-credits-off=$_o"
-    [ -n "${BENCH_AA:-}" ] && [ "$_n" = 1 ] && _hosts="$_hosts ublk-credits-off-b=$D_OFFB"
-    _hosts="$_hosts kernel=$KDEV"
-    [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _hosts="$_hosts ublk-copy=$D_COPY"
+    if [ "$_n" -gt 1 ]; then
+        _va=ublkq2a _vb=ublkq2b _a=$D_A2 _b=$D_B2
+    else
+        _va=ublka _vb=ublkb _a=$D_A _b=$D_B
+    fi
+    # host=volume:mode:device (volume and mode empty for the kernel host).
+    _hosts="ublk-a=$_va:auto:$_a ublk-credits-off-b=$_vb:off:$_b kernel=::$KDEV"
+    _hosts="$_hosts ublk-b=$_vb:auto:$_b ublk-credits-off-a=$_va:off:$_a"
+    [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _hosts="$_hosts ublk-copy=::$D_COPY"
     [ $((_r % 2)) -eq 0 ] && _hosts=$(printf '%s\n' $_hosts | tac | tr '\n' ' ')
     for _h in $_hosts; do
-        fio_bench "round=$_r host=${_h%%=*} job=$_j" "${_h#*=}" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+        _spec=${_h#*=}
+        _vol=${_spec%%:*} _spec=${_spec#*:}
+        _mode=${_spec%%:*} _dev=${_spec#*:}
+        if [ -n "$_vol" ]; then set_mode "$_vol" "$_mode" || continue; fi
+        fio_bench "round=$_r host=${_h%%=*} job=$_j" "$_dev" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+        # Where a default run's estimate stood at its end (console log): a
+        # default/off ratio below 1 is read against its window and gain.
+        if [ "$_mode" = auto ]; then
+            log "round $_r $_j, $_vol after: $(ublk-nvmf status "$_vol" 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
+        fi
     done
-    # Where the default volume's estimate stood after each job (console
-    # log): a default/off ratio below 1 is read against the window and
-    # gain the job ended with.
-    if [ "$_n" -gt 1 ]; then _v=ublkq2; else _v=ublk; fi
-    log "round $_r $_j, $_v after: $(ublk-nvmf status "$_v" 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
+    for _m in ublk ublk-credits-off; do
+        # sqrt by Newton: the guest's busybox awk has no math functions.
+        awk -v r="$_r" -v j="$_j" -v m="$_m" '
+            function root(x, y, i) { if (x <= 0) return 0; y = x; for (i = 0; i < 80; i++) y = (y + x / y) / 2; return y }
+            { delete v; for (i = 2; i <= NF; i++) { split($i, a, "="); v[a[1]] = a[2] } }
+            v["round"] == r && v["job"] == j && (v["host"] == m "-a" || v["host"] == m "-b") {
+                n++; io = (n == 1) ? v["iops"] : io * v["iops"]; mb = (n == 1) ? v["mibps"] : mb * v["mibps"] }
+            END { if (n == 2) printf "BENCH round=%s host=%s job=%s iops=%d mibps=%.1f\n", r, m, j, root(io), root(mb) }' \
+            "$FIO_BENCH_OUT" | tee -a "$FIO_BENCH_OUT"
+    done
 }
 
 # tenant_fio OUT DEV RW QD: one tenant's timed 4k fio run, terse v3 to OUT.
@@ -221,8 +259,12 @@ tenant_fio() {
         --randrepeat=0 --norandommap --output-format=terse --terse-version=3 >"$1" 2>&1
 }
 
-# tenants ROUND MODE READER_DEV WRITER_DEV: the reader and the writer together.
+# tenants ROUND MODE READER_DEV WRITER_DEV: the reader and the writer
+# together, both volumes set to MODE (default: auto).
 tenants() {
+    if [ "$2" = default ]; then _m=auto; else _m=$2; fi
+    set_mode reader $_m || return 1
+    set_mode writer $_m || return 1
     tenant_fio /tmp/tw.out "$4" randwrite 128 &
     _p=$!
     tenant_fio /tmp/tr.out "$3" randread 1
@@ -250,6 +292,32 @@ tenants() {
                 r, m, ri, rp, wi, wk / 1024, wp, rk + wk, wi * sc / max }' | tee -a "$FIO_BENCH_OUT"
 }
 
+# placement WHEN: where each matrix volume's threads and memory are (console
+# log), to find what gives one volume a persistent offset over its twin:
+# per thread the CPU it last ran on, its allowed CPUs, CPU time (ticks)
+# and context switches (voluntary/involuntary); per process the
+# transparent huge pages among its anonymous memory.
+placement() {
+    for _v in ublka ublkb ublkq2a ublkq2b; do
+        # (No pgrep in the guest.)
+        _pid=""
+        for _p in /proc/[0-9]*; do
+            case "$(tr '\0' ' ' <"$_p/cmdline" 2>/dev/null)" in
+            *"run --config /tmp/vol-$_v.toml"*) _pid=${_p#/proc/} && break ;;
+            esac
+        done
+        [ -n "$_pid" ] || continue
+        echo "---- placement $1: $_v pid $_pid, $(grep -E '^(Rss|AnonHugePages):' /proc/$_pid/smaps_rollup 2>/dev/null | tr -s ' ' | tr '\n' ' ')"
+        for _t in /proc/$_pid/task/*; do
+            awk -v t="${_t##*/}" '{ sub(/^.*\) /, ""); printf "  tid %s cpu %s ticks %d", t, $37, $12 + $13 }' "$_t/stat"
+            printf ' %s allowed %s ctxt %s/%s\n' "$(cat "$_t/comm")" \
+                "$(awk '/^Cpus_allowed_list/ { print $2 }' "$_t/status")" \
+                "$(awk '/^voluntary_ctxt/ { print $2 }' "$_t/status")" \
+                "$(awk '/^nonvoluntary_ctxt/ { print $2 }' "$_t/status")"
+        done
+    done
+}
+
 # --- the rounds ------------------------------------------------------------
 log "guest kernel command line: $(cat /proc/cmdline)"
 log "rounds: $ROUNDS; matrix ${SECS}s + 2s warm-up per job; tenants ${TSECS}s + ${TRAMP}s, sim device at ${SCALE}x"
@@ -265,10 +333,11 @@ while [ $round -le "$ROUNDS" ]; do
         matrix_job $round 4k-randread-qd128 randread 4k 128
         matrix_job $round 4k-randread-2jobs-qd32 randread 4k 32 2
     fi
+    if [ -z "$ONLY" ] || [ "$ONLY" = matrix ]; then placement "after round $round"; fi
     if [ "$ONLY" = profile ]; then break; fi
     if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
-        tenants $round default "$R_AUTO" "$W_AUTO"
-        tenants $round off "$R_OFF" "$W_OFF"
+        tenants $round default "$R_DEV" "$W_DEV"
+        tenants $round off "$R_DEV" "$W_DEV"
     fi
     round=$((round + 1))
 done
@@ -333,7 +402,8 @@ if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; the
     require_cmd perf || exit 1
     for j in "128k-read-qd32 read 128k" "128k-write-qd32 write 128k" "4k-randread-qd32 randread 4k"; do
         set -- $j
-        profile ublk-credits-off "$1" "$D_OFF" "$2" "$3"
+        set_mode ublka off || exit 1
+        profile ublk-credits-off "$1" "$D_A" "$2" "$3"
         profile kernel "$1" "$KDEV" "$2" "$3"
     done
 fi
@@ -345,9 +415,11 @@ ublk/ublk-credits-off:4k-randread-qd128:>=0.97 ublk/ublk-credits-off:128k-read-q
 ublk/ublk-credits-off:128k-write-qd32:>=0.97 ublk/kernel:128k-read-qd32:>=1.0
 ublk/kernel:128k-write-qd32:>=1.0 ublk/kernel:1m-read-qd32:>=0.9 ublk/kernel:4k-randwrite-qd32:>=1.0
 ublk/kernel:4k-randread-2jobs-qd32:>=1.0"
+# The last three: the A/A ratio (how far the two volumes differ in the
+# same mode) and default/off on each volume alone.
 pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
 [ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
-[ -n "${BENCH_AA:-}" ] && pairs="$pairs ublk-credits-off/ublk-credits-off-b"
+pairs="$pairs ublk-credits-off-a/ublk-credits-off-b ublk-a/ublk-credits-off-a ublk-b/ublk-credits-off-b"
 bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 # The two tenants: default over off, per round, then median and spread.
 grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk '
