@@ -79,6 +79,10 @@ if [ -z "$path" ]; then
     exit 1
 fi
 copy_with_libs "$path" /usr/bin/promtool
+# ss (iproute2): the ublk bench logs each connection's TCP state with it;
+# optional (the bench skips that without it).
+path=$(command -v ss || true)
+if [ -n "$path" ]; then copy_with_libs "$path" /usr/sbin/ss; fi
 ln -sf mke2fs "$root/usr/sbin/mkfs.ext4"
 ln -sf e2fsck "$root/usr/sbin/fsck.ext4"
 for bin in "$@"; do

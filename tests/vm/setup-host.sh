@@ -23,6 +23,8 @@ set -euo pipefail
 #                             (google/protobuf/descriptor.proto is in libprotobuf-dev)
 #   linux-perf                perf in the guest for the benches' profiles
 #                             (BENCH_PERF=1 tests/vm/run --bench ublk)
+#   iproute2                  `ss` in the guest: the ublk bench logs each
+#                             connection's TCP state (buffers, window, RTT)
 #   prometheus                `promtool check metrics`: the metrics tests parse both
 #                             daemons' /metrics output with Prometheus' own parser
 #                             (the package's service is never enabled by the tests)
@@ -30,7 +32,7 @@ PACKAGES=(
     qemu-system-x86 busybox-static cpio xz-utils zstd kmod
     fio e2fsprogs nvme-cli dmsetup libclang-dev clang iperf3 systemd
     libbpf-dev bpftool man-db dpkg-dev lintian debootstrap prometheus
-    etcd-server protobuf-compiler libprotobuf-dev linux-perf
+    etcd-server protobuf-compiler libprotobuf-dev linux-perf iproute2
 )
 
 missing=()

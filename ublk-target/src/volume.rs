@@ -51,6 +51,9 @@ pub struct Stats {
     pub reconnects: AtomicU64,
     /// Socket sends (each carries one or more commands).
     pub sends: AtomicU64,
+    /// Write data bytes sent by reference (spliced from our pages, not
+    /// copied by the socket: `engine::SendPlan`).
+    pub spliced: AtomicU64,
     /// Whether the device runs with ublk's zero copy (set by the queues).
     pub zero_copy: AtomicBool,
     /// Zero copy: read bytes received straight into the request's pages.
@@ -113,6 +116,9 @@ pub struct StatsSnapshot {
     pub queue_failures: u64,
     /// Socket sends.
     pub sends: u64,
+    /// Write data bytes of those sent by reference (spliced).
+    #[serde(default)]
+    pub spliced_bytes: u64,
     /// ublk zero copy in use, and read bytes direct / copied under it.
     #[serde(default)]
     pub zero_copy: ZeroCopySnapshot,
@@ -894,6 +900,7 @@ impl Volume {
             inflight: g(&s.inflight),
             queue_failures: g(&s.reconnects),
             sends: g(&s.sends),
+            spliced_bytes: g(&s.spliced),
             zero_copy: ZeroCopySnapshot {
                 on: s.zero_copy.load(Ordering::Relaxed),
                 read_direct_bytes: g(&s.zc_read_direct),

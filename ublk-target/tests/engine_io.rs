@@ -2,8 +2,8 @@
 //! `direct_place`, `buffered_len`) driving an initiator queue against the
 //! fake target in memory, as the engine's tx and rx tasks use them: write
 //! data sent from the tag buffers in place, or (zero copy) from the
-//! requests' pages while the tag buffers hold garbage, with chains of
-//! sends that stop anywhere; read data received through short buffered
+//! requests' pages while the tag buffers hold garbage, or spliced through
+//! a pipe of any size, with chains of sends that stop anywhere; read data received through short buffered
 //! receives and straight into the tag buffers; every byte arrives where it
 //! belongs.
 
@@ -14,6 +14,7 @@ use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget};
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use ublk_target::io::engine::{
     buffered_len, direct_place, gather, Placed, Seg, SendPlan, RX_BYTES, RX_SHORT_BYTES,
+    SPLICE_MIN_BYTES,
 };
 use ublk_target::io::fanout::PartId;
 use ublk_target::io::requests::TagBuf;
@@ -75,6 +76,7 @@ struct Seen {
     from_pages: usize,
     direct: usize,
     short: usize,
+    spliced: usize,
 }
 
 /// With `zero_copy`, every third tag's write has its data only in its
@@ -85,6 +87,7 @@ fn run(
     seed: u64,
     c2h_chunk: u32,
     zero_copy: bool,
+    splice_min: usize,
 ) -> (Vec<Vec<u8>>, Arc<FakeTarget>, Seen) {
     let mut seen = Seen::default();
     let t = FakeTarget::new(FakeConfig {
@@ -218,10 +221,22 @@ fn run(
                 in_request(usize::from(tag)).then(|| bases[usize::from(tag)])
             });
             seen.in_place += placed.len();
-            plan.build(&sbuf, &placed);
+            plan.build(&sbuf, &placed, splice_min);
             let mut sent = Vec::new();
+            // The pipe: what vmsplice put in it, in order, up to a room
+            // that changes from chain to chain (1 byte up to 300 KiB).
+            let mut pipe: std::collections::VecDeque<u8> = Default::default();
             while !plan.is_done() {
-                let chain = plan.pending().len().min(sizes.next(8));
+                let mut chain = plan.pending().len().min(sizes.next(8));
+                let room = sizes.next(300 * 1024);
+                chain = plan
+                    .fill_pipe(chain, |ptr, len| {
+                        let n = len.min(room.saturating_sub(pipe.len()));
+                        // SAFETY: a piece of a tag buffer, `len` bytes.
+                        pipe.extend(unsafe { std::slice::from_raw_parts(ptr as *const u8, n) });
+                        Ok(n)
+                    })
+                    .expect("the pipe takes something at the front");
                 let mut res = Vec::new();
                 let mut broken = false;
                 for seg in &plan.pending()[..chain] {
@@ -249,12 +264,23 @@ fn run(
                             sent.extend_from_slice(&pages[usize::from(tag)][o..o + take]);
                             seen.from_pages += take;
                         }
+                        Seg::Splice { len, queued, .. } => {
+                            assert!(splice_min != usize::MAX && queued > 0 && queued <= len);
+                            // The SQE moves at most what is in the pipe.
+                            let take = take.min(queued as usize);
+                            sent.extend(pipe.drain(..take));
+                            seen.spliced += take;
+                            res.push(take as i32);
+                            broken = take < len as usize;
+                            continue;
+                        }
                     }
                     res.push(take as i32);
                     broken = take < len;
                 }
                 plan.complete(&res).unwrap();
             }
+            assert!(pipe.is_empty(), "the pipe holds only what is pending");
             assert_eq!(sent.len(), n);
             conn.handle_bytes(&sent);
         }
@@ -304,24 +330,30 @@ fn writes_in_place_and_reads_direct_carry_every_byte() {
     let sizes = [
         4096, 1024, 131072, 524288, 8192, 65536, 262144, 4096, 1048576, 512,
     ];
-    for (seed, c2h_chunk, zero_copy) in [
-        (1u64, 1 << 20, false),
-        (2, 32768, false),
-        (3, 1 << 20, false),
-        (4, 1 << 20, true),
-        (5, 32768, true),
+    // Splicing: never, at the engine's threshold, and from 4 KiB (every
+    // piece left in place).
+    let off = usize::MAX;
+    for (seed, c2h_chunk, zero_copy, splice_min) in [
+        (1u64, 1 << 20, false, off),
+        (2, 32768, false, off),
+        (3, 1 << 20, false, SPLICE_MIN_BYTES),
+        (4, 1 << 20, true, off),
+        (5, 32768, true, SPLICE_MIN_BYTES),
+        (6, 32768, false, 4096),
+        (7, 1 << 20, true, 4096),
     ] {
         let reqs: Vec<(usize, bool)> = sizes
             .iter()
             .enumerate()
             .map(|(i, &len)| (len, (i + seed as usize) % 2 == 0))
             .collect();
-        let (bufs, t, seen) = run(&reqs, seed, c2h_chunk, zero_copy);
+        let (bufs, t, seen) = run(&reqs, seed, c2h_chunk, zero_copy, splice_min);
         assert!(
             seen.in_place > 0 && seen.direct > 0 && seen.short > 0,
             "{seen:?}"
         );
         assert_eq!(seen.from_pages > 0, zero_copy, "{seen:?}");
+        assert_eq!(seen.spliced > 0, splice_min != off, "{seen:?}");
         let data = t.data();
         let mut at = 0;
         for (tag, &(len, write)) in reqs.iter().enumerate() {

@@ -318,6 +318,18 @@ placement() {
     done
 }
 
+# sockets WHEN: the TCP state of every client connection to the null
+# target (port 4420; console log), with its process: congestion window,
+# slow-start threshold, retransmissions, buffers. TCP keeps these per
+# connection (a connection that once lost packets keeps a lower ssthresh
+# and slow-starts to it after every idle period), so a volume's
+# connections may differ from its twin's for the whole run.
+sockets() {
+    command -v ss >/dev/null 2>&1 || return 0
+    echo "---- sockets $1 ----"
+    ss -tinpm state established '( dport = :4420 )' 2>&1 | head -n 400
+}
+
 # --- the rounds ------------------------------------------------------------
 log "guest kernel command line: $(cat /proc/cmdline)"
 log "rounds: $ROUNDS; matrix ${SECS}s + 2s warm-up per job; tenants ${TSECS}s + ${TRAMP}s, sim device at ${SCALE}x"
@@ -333,7 +345,10 @@ while [ $round -le "$ROUNDS" ]; do
         matrix_job $round 4k-randread-qd128 randread 4k 128
         matrix_job $round 4k-randread-2jobs-qd32 randread 4k 32 2
     fi
-    if [ -z "$ONLY" ] || [ "$ONLY" = matrix ]; then placement "after round $round"; fi
+    if [ -z "$ONLY" ] || [ "$ONLY" = matrix ]; then
+        placement "after round $round"
+        sockets "after round $round"
+    fi
     if [ "$ONLY" = profile ]; then break; fi
     if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
         tenants $round default "$R_DEV" "$W_DEV"

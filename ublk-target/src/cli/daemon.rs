@@ -610,7 +610,7 @@ fn format_priority(p: &ublk_target::volume::PrioritySnapshot) -> String {
 fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
     format!(
         "volume {}: {} -> {} {} ({})\n  reads {} ({} bytes), writes {} ({} bytes), flushes {}, discards {}\n  \
-         errors {}, in flight {}, queue failures {}, controller resets {}, sends {}\n{}",
+         errors {}, in flight {}, queue failures {}, controller resets {}, sends {} ({} bytes spliced)\n{}",
         s.volume,
         s.device,
         s.target,
@@ -627,6 +627,7 @@ fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
         s.queue_failures,
         s.controller_resets,
         s.sends,
+        s.spliced_bytes,
         if s.zero_copy.on {
             format!(
                 "  zero copy: on, read bytes {} direct, {} copied; write bytes {} direct\n",

@@ -104,6 +104,19 @@ pub type UringOp = fn(io_uring::squeue::Entry) -> Pin<Box<dyn Future<Output = i3
 /// length says how many went).
 pub type ChainOp = fn(&[io_uring::squeue::Entry]) -> Pin<Box<dyn Future<Output = Vec<i32>>>>;
 
+/// Write data in our memory of at least this many bytes is sent by
+/// reference (`vmsplice` into a pipe, `Splice` to the socket: see
+/// [`SendPlan`]) rather than copied by the socket into pages it allocates
+/// and the kernel zeroes. Below it the two system calls' worth of work
+/// (and the `Splice`'s trip through an io_uring worker) costs more than
+/// the copy.
+pub const SPLICE_MIN_BYTES: usize = 32 * 1024;
+
+/// The pipe a path's spliced sends go through: room for a whole send
+/// ([`TX_LIMIT`] of pieces, each possibly one page more than its
+/// length), so that a chain is rarely cut short for want of room.
+pub const SPLICE_PIPE_BYTES: usize = 1024 * 1024;
+
 /// Most SQEs [`tx_task`] links into one chain (a 256 KiB send of 128 KiB
 /// writes is five).
 pub const MAX_CHAIN: usize = 32;
@@ -170,6 +183,9 @@ pub struct Engine {
     tx_pins: Vec<u32>,
     /// ublk zero copy, when the device runs with it.
     zero_copy: Option<ZeroCopy>,
+    /// Write data in our memory of at least this many bytes is spliced
+    /// ([`SPLICE_MIN_BYTES`]; `usize::MAX`: never).
+    splice_min: usize,
 }
 
 /// ublk zero copy on one queue (see [`crate::io::ublk`]): the driver
@@ -329,6 +345,7 @@ impl Engine {
             wakers: vec![None; usize::from(depth)],
             tx_pins: vec![0; usize::from(depth)],
             zero_copy: None,
+            splice_min: SPLICE_MIN_BYTES,
         }
     }
 
@@ -628,6 +645,7 @@ impl Engine {
             ev.map.member_lost(r, path.epoch);
         }
         c.queue.close();
+        abort(&c.sock);
         let _ = c.sock.shutdown(Shutdown::Both);
         path.retired.push(c.sock);
         let mut unfinished = c.queue.take_unfinished();
@@ -872,6 +890,31 @@ fn cfg_qid(p: &Path) -> u16 {
         .map_or(p.qid.unwrap_or(0), |c| c.queue.config().qid)
 }
 
+/// Abort a failed connection: its send queue is dropped (the peer gets a
+/// reset) and nothing more of it leaves, where a shutdown alone would go
+/// on transmitting its unsent bytes, possibly long after their requests
+/// were handed to a new connection and their pages reused (spliced sends
+/// reference our tag buffers, see [`tx_task`]). A `connect` to
+/// `AF_UNSPEC` dissolves the association and keeps the descriptor, which
+/// must stay open (`Path::retired`).
+fn abort(sock: &TcpStream) {
+    // SAFETY: an AF_UNSPEC sockaddr is valid with only the family set.
+    let mut sa: libc::sockaddr = unsafe { std::mem::zeroed() };
+    sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    // SAFETY: `sa` is a valid sockaddr of the given length; the socket is
+    // open.
+    let r = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            &sa,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        log::debug!("abort: {}", std::io::Error::last_os_error());
+    }
+}
+
 fn wake(w: &mut Option<Waker>) {
     if let Some(w) = w.take() {
         w.wake();
@@ -991,18 +1034,18 @@ pub fn gather(
 /// for a driver without zero copy ([`SendPlan`] is the engine's).
 pub fn iovecs(buf: &[u8], placed: &[Placed], iov: &mut Vec<libc::iovec>) {
     iov.clear();
-    splice(buf, placed, false, |run| {
-        if let Run::Mem(v) = run {
-            iov.push(v)
-        }
+    splice(buf, placed, false, |run| match run {
+        Run::Mem(v) | Run::Piece(v) => iov.push(v),
+        Run::Fixed { .. } => {}
     });
 }
 
 /// One run of a send, as [`splice`] walks it.
 enum Run {
-    /// Bytes in our memory: the send buffer's, or a piece's in its tag
-    /// buffer.
+    /// Bytes of the send buffer (headers and small data).
     Mem(libc::iovec),
+    /// A piece of write data in our memory (its tag's buffer).
+    Piece(libc::iovec),
     /// A piece that is only in its request's pages: `len` bytes at
     /// `offset` of tag `tag`'s request.
     Fixed { tag: u16, offset: u32, len: u32 },
@@ -1026,7 +1069,7 @@ fn splice(buf: &[u8], placed: &[Placed], use_fixed: bool, mut run: impl FnMut(Ru
                 offset,
                 len: d.len as u32,
             }),
-            _ => run(Run::Mem(libc::iovec {
+            _ => run(Run::Piece(libc::iovec {
                 iov_base: d.ptr as *mut libc::c_void,
                 iov_len: d.len,
             })),
@@ -1061,17 +1104,39 @@ pub enum Seg {
         /// Length.
         len: u32,
     },
+    /// `len` bytes of write data in our memory at `ptr` (a piece in its
+    /// tag's buffer), sent by reference: put in the send's pipe with
+    /// `vmsplice` and moved from there to the socket with a `Splice`, so
+    /// the socket holds our pages instead of copying them into pages it
+    /// allocates (and the kernel zeroes) for the purpose.
+    Splice {
+        /// Start of what is still to send.
+        ptr: usize,
+        /// Bytes still to send.
+        len: u32,
+        /// How many of them are in the pipe already.
+        queued: u32,
+    },
 }
 
 /// One gathered send as io_uring operations, in wire order: runs of bytes
-/// in our memory as `SendMsg`s, write data that is only in its request's
-/// pages (zero copy, [`Placed::in_request`]) as `WriteFixed`s from the
-/// registered pages. [`tx_task`] submits the pending segments as one
-/// linked chain; one that comes back short (a `WriteFixed` on a socket
-/// returns what the socket took; the link breaks there and the rest is
-/// cancelled) is advanced by what went, and the chain is submitted again
-/// from it, so the bytes go out in order whatever each operation took.
-/// Without such pieces the plan is one `SendMsg`, as before.
+/// of the send buffer as `SendMsg`s, write data that is only in its
+/// request's pages (zero copy, [`Placed::in_request`]) as `WriteFixed`s
+/// from the registered pages, and write data in our memory as `Splice`s
+/// through a pipe when the piece is at least the plan's `splice_min`
+/// (else as iovecs of the `SendMsg`s). [`tx_task`] submits the pending
+/// segments as one linked chain; one that comes back short (a
+/// `WriteFixed` or `Splice` on a socket returns what the socket took;
+/// the link breaks there and the rest is cancelled) is advanced by what
+/// went, and the chain is submitted again from it, so the bytes go out in
+/// order whatever each operation took. Without such pieces the plan is
+/// one `SendMsg`, as before.
+///
+/// The pipe: before a chain is submitted, [`SendPlan::fill_pipe`] puts
+/// the pages of its `Splice` segments in the pipe (in wire order, so the
+/// pipe always holds exactly the not yet sent bytes of the pending
+/// `Splice`s, front first); a segment the pipe had no room for ends the
+/// chain, and its `Splice` moves what is in the pipe.
 #[derive(Debug, Default)]
 pub struct SendPlan {
     /// The iovecs of the `Msg` segments.
@@ -1083,23 +1148,31 @@ pub struct SendPlan {
 }
 
 impl SendPlan {
-    /// The plan that sends `buf` with `placed` spliced in.
-    pub fn build(&mut self, buf: &[u8], placed: &[Placed]) {
+    /// The plan that sends `buf` with `placed` spliced in; pieces in our
+    /// memory of at least `splice_min` bytes become `Splice`s (never with
+    /// `usize::MAX`).
+    pub fn build(&mut self, buf: &[u8], placed: &[Placed], splice_min: usize) {
         self.iov.clear();
         self.segs.clear();
         self.next = 0;
         let (iov, segs) = (&mut self.iov, &mut self.segs);
-        splice(buf, placed, true, |run| match run {
-            Run::Mem(v) => {
-                match segs.last_mut() {
-                    Some(Seg::Msg { count, .. }) => *count += 1,
-                    _ => segs.push(Seg::Msg {
-                        first: iov.len(),
-                        count: 1,
-                    }),
-                }
-                iov.push(v);
+        let mut msg = |v: libc::iovec, segs: &mut Vec<Seg>| {
+            match segs.last_mut() {
+                Some(Seg::Msg { count, .. }) => *count += 1,
+                _ => segs.push(Seg::Msg {
+                    first: iov.len(),
+                    count: 1,
+                }),
             }
+            iov.push(v);
+        };
+        splice(buf, placed, true, |run| match run {
+            Run::Piece(v) if v.iov_len >= splice_min => segs.push(Seg::Splice {
+                ptr: v.iov_base as usize,
+                len: v.iov_len as u32,
+                queued: 0,
+            }),
+            Run::Mem(v) | Run::Piece(v) => msg(v, segs),
             Run::Fixed { tag, offset, len } => segs.push(Seg::Fixed { tag, offset, len }),
         });
     }
@@ -1121,8 +1194,55 @@ impl SendPlan {
                 .iter()
                 .map(|v| v.iov_len)
                 .sum(),
-            Seg::Fixed { len, .. } => len as usize,
+            Seg::Fixed { len, .. } | Seg::Splice { len, .. } => len as usize,
         }
+    }
+
+    /// The bytes segment `seg`'s SQE asks for: a `Splice` moves what is in
+    /// the pipe of it.
+    pub fn sqe_len(&self, seg: &Seg) -> usize {
+        match *seg {
+            Seg::Splice { queued, .. } => queued as usize,
+            _ => self.seg_len(seg),
+        }
+    }
+
+    /// Before submitting the first `n` pending segments: put what their
+    /// `Splice`s still lack in the pipe, in order, with `vmsplice(ptr,
+    /// len)` (returns the bytes it took, 0 when the pipe is full, or an
+    /// error). Returns how many segments to submit: the chain ends at the
+    /// first `Splice` not wholly in the pipe, and does not reach one with
+    /// nothing in it. An error of `vmsplice` for the first segment is
+    /// returned (nothing could be sent); a later one ends the chain there.
+    pub fn fill_pipe(
+        &mut self,
+        n: usize,
+        mut vmsplice: impl FnMut(usize, usize) -> Result<usize, i32>,
+    ) -> Result<usize, i32> {
+        for i in 0..n {
+            let Seg::Splice { ptr, len, queued } = &mut self.segs[self.next + i] else {
+                continue;
+            };
+            if *queued < *len {
+                let want = (*len - *queued) as usize;
+                match vmsplice(*ptr + *queued as usize, want) {
+                    Ok(took) => *queued += took.min(want) as u32,
+                    Err(e) if i == 0 && *queued == 0 => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            if *queued == 0 {
+                // Nothing of it in the pipe: it waits for the next chain.
+                // (At the front the pipe holds nothing pending, so it
+                // had room; refusing it then is an error, and the path
+                // reconnects with an empty pipe.)
+                return if i == 0 { Err(-libc::ENOBUFS) } else { Ok(i) };
+            }
+            if *queued < *len {
+                return Ok(i + 1);
+            }
+        }
+        Ok(n)
     }
 
     /// The first `res.len()` pending segments were submitted as one chain
@@ -1131,12 +1251,15 @@ impl SendPlan {
     /// the socket's, returned.
     pub fn complete(&mut self, res: &[i32]) -> Result<(), i32> {
         for (j, &r) in res.iter().enumerate() {
-            let want = self.seg_len(&self.segs[self.next]);
-            if r >= 0 && r as usize == want {
+            let seg = self.segs[self.next];
+            let want = self.sqe_len(&seg);
+            if r >= 0 && r as usize == want && want == self.seg_len(&seg) {
                 self.next += 1;
                 continue;
             }
-            if r > 0 && (r as usize) < want {
+            if r > 0 && (r as usize) <= want {
+                // Short, or a splice of the part of its piece that was in
+                // the pipe (the chain ended with it).
                 self.advance(r as usize);
                 return Ok(());
             }
@@ -1163,6 +1286,11 @@ impl SendPlan {
                 *offset += n as u32;
                 *len -= n as u32;
             }
+            Seg::Splice { ptr, len, queued } => {
+                *ptr += n;
+                *len -= n as u32;
+                *queued -= n as u32;
+            }
         }
     }
 }
@@ -1181,6 +1309,71 @@ pub fn advance_iovecs(iov: &mut [libc::iovec], first: &mut usize, mut n: usize) 
         }
         n -= v.iov_len;
         *first += 1;
+    }
+}
+
+/// The pipe of a path's spliced sends ([`SendPlan`], [`tx_task`]).
+#[derive(Debug)]
+pub struct SplicePipe {
+    read: std::os::fd::OwnedFd,
+    write: std::os::fd::OwnedFd,
+}
+
+impl SplicePipe {
+    /// A pipe of [`SPLICE_PIPE_BYTES`] (or the system's default size when
+    /// that is refused: sends then take more chains); errors are negative
+    /// errnos.
+    pub fn new() -> Result<Self, i32> {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+            return Err(-std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE));
+        }
+        // SAFETY: both were just opened and are owned by nothing else.
+        let (read, write) = unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        // SAFETY: F_SETPIPE_SZ takes an int; a refusal leaves the pipe as
+        // it is.
+        unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, SPLICE_PIPE_BYTES as libc::c_int) };
+        Ok(SplicePipe { read, write })
+    }
+
+    /// The end a `Splice` reads from.
+    pub fn read_fd(&self) -> i32 {
+        self.read.as_raw_fd()
+    }
+
+    /// Put (references to) the pages of `len` bytes at `ptr` in the pipe,
+    /// without waiting: the bytes it took (0 when it is full), or a
+    /// negative errno.
+    pub fn vmsplice(&self, ptr: usize, len: usize) -> Result<usize, i32> {
+        let iov = libc::iovec {
+            iov_base: ptr as *mut libc::c_void,
+            iov_len: len,
+        };
+        loop {
+            // SAFETY: the caller's bytes are a pinned tag's buffer
+            // (`Engine::tx_gather`); vmsplice only takes references to
+            // their pages, and the socket reads them after the send for
+            // as long as `tx_task` explains.
+            let r =
+                unsafe { libc::vmsplice(self.write.as_raw_fd(), &iov, 1, libc::SPLICE_F_NONBLOCK) };
+            if r >= 0 {
+                return Ok(r as usize);
+            }
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(0),
+                e => return Err(-e.unwrap_or(libc::EIO)),
+            }
+        }
     }
 }
 
@@ -1442,10 +1635,26 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
 ///   `Recv`.
 ///
 /// Every `SendMsg` asks for `MSG_WAITALL` (the kernel sends all of it or
-/// fails), so in a chain only a `WriteFixed` can come back short; the
-/// plan then goes on from where it stopped. What the send carries is what
-/// `poll_transmit` would have copied, byte for byte
+/// fails), so in a chain only a `WriteFixed` or a `Splice` can come back
+/// short; the plan then goes on from where it stopped. What the send
+/// carries is what `poll_transmit` would have copied, byte for byte
 /// (`Queue::poll_transmit_placed`): the wire does not change.
+///
+/// A `Splice` ([`SendPlan`], pieces of at least [`SPLICE_MIN_BYTES`] in
+/// our memory) hands the socket our pages by reference, as the kernel
+/// host hands it a bio's: the socket reads them until the peer has taken
+/// the bytes, which can be after the send completed and the tag was
+/// unpinned. A tag's buffer is only written again once its request has
+/// completed, i.e. once the target answered, which it does after it read
+/// the data (a retransmission of bytes it acknowledged is never made,
+/// and one it did not would be discarded). The one other reader is a
+/// failed connection's socket, whose unsent bytes TCP would go on
+/// transmitting after the request was handed to a new connection and the
+/// tag reused; `Engine::on_failure` therefore aborts the connection
+/// (`abort`: its queues are purged, nothing more leaves) instead of only
+/// shutting it down. The pipe holds page references too; it is dropped
+/// (closed, releasing them) whenever a send ends with an error, so the
+/// next connection starts with an empty one.
 pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
     // Leaked for the same reason as the receive buffer.
     let buf: &'static mut Vec<u8> = Box::leak(Box::new(Vec::with_capacity(2 * TX_LIMIT)));
@@ -1458,6 +1667,8 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
     }));
     let msgs: &'static mut Vec<libc::msghdr> = Box::leak(Box::new(Vec::with_capacity(MAX_CHAIN)));
     let mut sqes = Vec::with_capacity(MAX_CHAIN);
+    let splice_min = engine.borrow().splice_min;
+    let mut pipe: Option<SplicePipe> = None;
     loop {
         let (generation, fd) = WaitFor {
             engine: Rc::clone(&engine),
@@ -1466,9 +1677,34 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
         }
         .await;
         engine.borrow_mut().tx_gather(path, buf, placed);
-        plan.build(buf, placed);
+        plan.build(buf, placed, splice_min);
         while !plan.is_done() {
-            let window = &plan.pending()[..plan.pending().len().min(MAX_CHAIN)];
+            let mut n = plan.pending().len().min(MAX_CHAIN);
+            if plan.pending()[..n]
+                .iter()
+                .any(|s| matches!(s, Seg::Splice { .. }))
+            {
+                if pipe.is_none() {
+                    pipe = SplicePipe::new()
+                        .map_err(|e| {
+                            log::warn!("tx: no pipe for spliced sends: errno {}", -e);
+                        })
+                        .ok();
+                }
+                let filled = match pipe.as_ref() {
+                    Some(p) => plan.fill_pipe(n, |ptr, len| p.vmsplice(ptr, len)),
+                    None => Err(-libc::EMFILE),
+                };
+                match filled {
+                    Ok(k) => n = k,
+                    Err(e) => {
+                        pipe = None;
+                        engine.borrow_mut().on_socket_error(path, generation, e);
+                        break;
+                    }
+                }
+            }
+            let window = &plan.pending()[..n];
             // The message headers first: the SQEs point into `msgs`.
             msgs.clear();
             for seg in window {
@@ -1511,10 +1747,44 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
                         tag,
                     )
                     .build(),
+                    // From the pipe (no offset) to the socket; more
+                    // follows as with MSG_MORE above.
+                    Seg::Splice { queued, .. } => {
+                        let p = pipe.as_ref().expect("filled above");
+                        let more = if i + 1 < pending {
+                            libc::SPLICE_F_MORE
+                        } else {
+                            0
+                        };
+                        io_uring::opcode::Splice::new(
+                            io_uring::types::Fd(p.read_fd()),
+                            -1,
+                            io_uring::types::Fd(fd),
+                            -1,
+                            queued,
+                        )
+                        .flags(more)
+                        .build()
+                    }
                 });
             }
             let res = chain(&sqes).await;
+            let spliced: i64 = window
+                .iter()
+                .zip(&res)
+                .filter(|(s, &r)| matches!(s, Seg::Splice { .. }) && r > 0)
+                .map(|(_, &r)| i64::from(r))
+                .sum();
+            if spliced > 0 {
+                engine
+                    .borrow()
+                    .stats
+                    .spliced
+                    .fetch_add(spliced as u64, Ordering::Relaxed);
+            }
             if let Err(e) = plan.complete(&res) {
+                // What the pipe still holds is the failed send's.
+                pipe = None;
                 engine.borrow_mut().on_socket_error(path, generation, e);
                 break;
             }
@@ -1612,7 +1882,7 @@ mod tests {
         want.extend_from_slice(&buf[40..]);
         want.extend_from_slice(&pages[10..30]);
         let mut plan = SendPlan::default();
-        plan.build(&buf, &placed);
+        plan.build(&buf, &placed, usize::MAX);
         assert_eq!(
             plan.segs,
             vec![
@@ -1636,7 +1906,7 @@ mod tests {
         assert_eq!(iov.len(), 6);
         for cap in 1..=want.len() + 1 {
             for window in 1..=4 {
-                plan.build(&buf, &placed);
+                plan.build(&buf, &placed, usize::MAX);
                 let mut wire = Vec::new();
                 let mut rounds = 0;
                 while !plan.is_done() {
@@ -1663,6 +1933,7 @@ mod tests {
                                 let o = offset as usize;
                                 wire.extend_from_slice(&pages[o..o + take]);
                             }
+                            Seg::Splice { .. } => unreachable!("never spliced"),
                         }
                         res.push(take as i32);
                         broken = take < len;
@@ -1673,11 +1944,169 @@ mod tests {
             }
         }
         // A socket error is returned, EAGAIN leaves it pending.
-        plan.build(&buf, &placed);
+        plan.build(&buf, &placed, usize::MAX);
         plan.complete(&[-libc::EAGAIN]).unwrap();
         assert_eq!(plan.next, 0);
         assert_eq!(plan.complete(&[-libc::ECONNRESET]), Err(-libc::ECONNRESET));
         assert_eq!(plan.complete(&[-libc::ECANCELED]), Err(-libc::ECANCELED));
+    }
+
+    /// Pieces in our memory of at least the threshold become splices; the
+    /// pipe is filled in wire order, a chain ends at the first splice not
+    /// wholly in it, and a splice moves what is in it.
+    #[test]
+    fn splices_go_through_the_pipe_in_order() {
+        let buf: Vec<u8> = (0..60).collect();
+        let d1 = vec![200u8; 10];
+        let d2 = vec![201u8; 30];
+        let d3 = vec![202u8; 25];
+        let placed = [
+            piece(10, &d1, 0, None),
+            piece(20, &d2, 1, None),
+            piece(20, &d3, 2, None),
+        ];
+        let mut plan = SendPlan::default();
+        plan.build(&buf, &placed, 20);
+        let p2 = d2.as_ptr() as usize;
+        let p3 = d3.as_ptr() as usize;
+        assert_eq!(
+            plan.segs,
+            vec![
+                Seg::Msg { first: 0, count: 3 },
+                Seg::Splice {
+                    ptr: p2,
+                    len: 30,
+                    queued: 0
+                },
+                Seg::Splice {
+                    ptr: p3,
+                    len: 25,
+                    queued: 0
+                },
+                Seg::Msg { first: 3, count: 1 },
+            ]
+        );
+        // A pipe with room for 40 bytes: d2 whole, 10 of d3; the chain
+        // ends with d3's splice.
+        let mut room = 40;
+        let mut took = Vec::new();
+        let n = plan
+            .fill_pipe(4, |ptr, len| {
+                let n = len.min(room);
+                room -= n;
+                took.push((ptr, n));
+                Ok(n)
+            })
+            .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(took, vec![(p2, 30), (p3, 10)]);
+        assert_eq!(plan.sqe_len(&plan.pending()[2]), 10);
+        // All of it went: d3's splice moved its 10, 15 are still to go.
+        plan.complete(&[30, 30, 10]).unwrap();
+        assert_eq!(
+            plan.pending()[0],
+            Seg::Splice {
+                ptr: p3 + 10,
+                len: 15,
+                queued: 0
+            }
+        );
+        // The pipe is full (nothing pending in it would be a bug): the
+        // front splice gets nothing, which fails the send.
+        assert_eq!(plan.fill_pipe(2, |_, _| Ok(0)), Err(-libc::ENOBUFS));
+        assert_eq!(
+            plan.fill_pipe(2, |_, _| Err(-libc::EFAULT)),
+            Err(-libc::EFAULT)
+        );
+        // A short splice leaves the rest in the pipe; the next fill adds
+        // nothing to it.
+        assert_eq!(plan.fill_pipe(2, |_, len| Ok(len)), Ok(2));
+        plan.complete(&[5, -libc::ECANCELED]).unwrap();
+        let mut asked = 0;
+        assert_eq!(
+            plan.fill_pipe(2, |_, len| {
+                asked += len;
+                Ok(len)
+            }),
+            Ok(2)
+        );
+        assert_eq!(asked, 0, "its bytes are in the pipe already");
+        assert_eq!(plan.sqe_len(&plan.pending()[0]), 10);
+        plan.complete(&[10, 40]).unwrap();
+        assert!(plan.is_done());
+    }
+
+    /// The kernel's side of a splice: the bytes vmsplice'd into the pipe
+    /// reach the peer through the socket, in order.
+    #[test]
+    fn a_splice_pipe_carries_our_bytes_to_a_socket() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut rx, _) = l.accept().unwrap();
+        let pipe = SplicePipe::new().unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        let mut sent = 0;
+        while sent < data.len() {
+            let n = pipe
+                .vmsplice(data[sent..].as_ptr() as usize, data.len() - sent)
+                .unwrap();
+            assert!(n > 0);
+            let mut moved = 0;
+            while moved < n {
+                // SAFETY: both descriptors are open; no offsets.
+                let r = unsafe {
+                    libc::splice(
+                        pipe.read_fd(),
+                        std::ptr::null_mut(),
+                        tx.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        n - moved,
+                        0,
+                    )
+                };
+                assert!(r > 0, "{}", std::io::Error::last_os_error());
+                moved += r as usize;
+            }
+            sent += n;
+        }
+        drop(tx);
+        let mut got = Vec::new();
+        rx.read_to_end(&mut got).unwrap();
+        assert_eq!(got, data);
+    }
+
+    /// An aborted connection sends nothing more: the bytes still queued
+    /// in it never reach the peer (a shutdown would deliver them), and its
+    /// descriptor stays open.
+    #[test]
+    fn an_aborted_connection_sends_nothing_more() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut rx, _) = l.accept().unwrap();
+        // Fill the peer's receive window and our send queue.
+        tx.set_nonblocking(true).unwrap();
+        let chunk = vec![7u8; 64 * 1024];
+        let mut written = 0;
+        loop {
+            match (&tx).write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        abort(&tx);
+        let _ = tx.shutdown(Shutdown::Both);
+        // SAFETY: F_GETFD on a descriptor we own.
+        assert!(unsafe { libc::fcntl(tx.as_raw_fd(), libc::F_GETFD) } >= 0);
+        let mut got = 0;
+        let mut b = vec![0u8; 1 << 20];
+        loop {
+            match rx.read(&mut b) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        assert!(got < written, "received {got} of {written}");
     }
 
     #[test]
