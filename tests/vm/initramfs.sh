@@ -79,10 +79,13 @@ if [ -z "$path" ]; then
     exit 1
 fi
 copy_with_libs "$path" /usr/bin/promtool
-# ss (iproute2): the ublk bench logs each connection's TCP state with it;
-# optional (the bench skips that without it).
-path=$(command -v ss || true)
-if [ -n "$path" ]; then copy_with_libs "$path" /usr/sbin/ss; fi
+# ss and nstat (iproute2): the ublk bench logs each connection's TCP state
+# and the guest's TCP drop counters with them; optional (the bench skips
+# that without them).
+for tool in ss nstat; do
+    path=$(command -v "$tool" || true)
+    if [ -n "$path" ]; then copy_with_libs "$path" "/usr/sbin/$tool"; fi
+done
 ln -sf mke2fs "$root/usr/sbin/mkfs.ext4"
 ln -sf e2fsck "$root/usr/sbin/fsck.ext4"
 for bin in "$@"; do

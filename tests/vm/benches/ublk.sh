@@ -329,6 +329,11 @@ sockets() {
     command -v ss >/dev/null 2>&1 || return 0
     echo "---- sockets $1 ----"
     ss -tinpm state established '( dport = :4420 )' 2>&1 | head -n 400
+    # Loopback drops only at a full receive queue: the guest's counts so far.
+    if command -v nstat >/dev/null 2>&1; then
+        nstat -az 2>/dev/null | grep -E 'TcpRetransSegs|RcvQDrop|BacklogDrop|Prune|OFODrop|TCPLossProbes' | tr -s ' ' | tr '\n' ';'
+        echo
+    fi
 }
 
 # --- the rounds ------------------------------------------------------------
