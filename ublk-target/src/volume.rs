@@ -7,7 +7,7 @@
 //! stays inside this module and the engine.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ioprio_channel::{PriorityChannel, QueueReader, Registration};
@@ -56,6 +56,13 @@ pub struct Stats {
     pub spliced: AtomicU64,
     /// Whether the device runs with ublk's zero copy (set by the queues).
     pub zero_copy: AtomicBool,
+    /// Zero copy: writes of at least this many bytes are sent from the
+    /// request's pages (`WriteFixed`); smaller ones are `pread` into the
+    /// tag's buffer first, and the send splices large pieces of it
+    /// (`engine::SendPlan`). A run-time setting (`set NAME
+    /// write_pages_min=SIZE`, `max` for never), not a counter: 0 here
+    /// means the default, [`crate::io::ublk::WRITE_FIXED_MIN_BYTES`].
+    pub write_pages_min: AtomicU32,
     /// Zero copy: read bytes received straight into the request's pages.
     pub zc_read_direct: AtomicU64,
     /// Zero copy: read bytes copied into the request from our memory
@@ -74,6 +81,16 @@ pub struct Stats {
     /// the server to its answer from the target(s), QoS waits included
     /// (what the block layer sees, less the ublk driver's own hop).
     pub latency: [LatencyHistogram; 4],
+}
+
+impl Stats {
+    /// [`Stats::write_pages_min`] in force: the default until set.
+    pub fn write_pages_min(&self) -> u32 {
+        match self.write_pages_min.load(Ordering::Relaxed) {
+            0 => crate::io::ublk::WRITE_FIXED_MIN_BYTES,
+            n => n,
+        }
+    }
 }
 
 /// The operations of [`Stats::latency`], in index order (`discard`

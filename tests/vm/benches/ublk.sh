@@ -21,6 +21,10 @@
 #   ublk-copy         with BENCH_COPY=1: credits off and [io] zero_copy =
 #                     "off" (the copy through the tag buffers), for the
 #                     one-queue jobs, to see what zero copy changes
+#   ublk-spliced      with BENCH_SPLICE=1, write jobs only: both volumes
+#                     at the default but with write_pages_min=max (each
+#                     write read into our buffer, large pieces spliced to
+#                     the socket), to A/B how zero copy sends large writes
 # The two ublk modes are not two volumes but two volumes in both modes:
 # volumes `ublka` and `ublkb` (`ublkq2a`/`ublkq2b` with queues = 2) each
 # run every job once with the default and once with credits off
@@ -160,12 +164,18 @@ volume() {
 }
 
 # set_mode VOLUME auto|off: the volume's credit mode for the next run.
+# MODE is a credit mode, or `spliced`: the default credits with every
+# zero-copy write read into our buffer and its data spliced to the socket
+# (write_pages_min=max) instead of sent from the request's pages
+# (BENCH_SPLICE=1); every other mode sets the default, 32k.
 set_mode() {
-    _o=$(ublk-nvmf set "$1" credits="$2" 2>&1)
+    _c=$2 _p=32k
+    [ "$2" = spliced ] && _c=auto _p=max
+    _o=$(ublk-nvmf set "$1" credits="$_c" write_pages_min="$_p" 2>&1)
     case "$_o" in
-    credits="$2"*) ;;
+    credits="$_c"*) ;;
     *)
-        fail "ublk-nvmf set $1 credits=$2: $_o"
+        fail "ublk-nvmf set $1 credits=$_c write_pages_min=$_p: $_o"
         return 1
         ;;
     esac
@@ -228,20 +238,25 @@ matrix_job() {
     _hosts="ublk-a=$_va:auto:$_a ublk-credits-off-b=$_vb:off:$_b kernel=::$KDEV"
     _hosts="$_hosts ublk-b=$_vb:auto:$_b ublk-credits-off-a=$_va:off:$_a"
     [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _hosts="$_hosts ublk-copy=::$D_COPY"
+    case "${BENCH_SPLICE:-}:$_rw" in
+    1:*write) _hosts="$_hosts ublk-spliced-a=$_va:spliced:$_a ublk-spliced-b=$_vb:spliced:$_b" ;;
+    esac
     [ $((_r % 2)) -eq 0 ] && _hosts=$(printf '%s\n' $_hosts | tac | tr '\n' ' ')
     for _h in $_hosts; do
         _spec=${_h#*=}
         _vol=${_spec%%:*} _spec=${_spec#*:}
         _mode=${_spec%%:*} _dev=${_spec#*:}
         if [ -n "$_vol" ]; then set_mode "$_vol" "$_mode" || continue; fi
+        tcp_counters >/dev/null
         fio_bench "round=$_r host=${_h%%=*} job=$_j" "$_dev" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+        log "round $_r $_j ${_h%%=*} tcp: $(tcp_counters)"
         # Where a default run's estimate stood at its end (console log): a
         # default/off ratio below 1 is read against its window and gain.
         if [ "$_mode" = auto ]; then
             log "round $_r $_j, $_vol after: $(ublk-nvmf status "$_vol" 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
         fi
     done
-    for _m in ublk ublk-credits-off; do
+    for _m in ublk ublk-credits-off ublk-spliced; do
         # sqrt by Newton: the guest's busybox awk has no math functions.
         awk -v r="$_r" -v j="$_j" -v m="$_m" '
             function root(x, y, i) { if (x <= 0) return 0; y = x; for (i = 0; i < 80; i++) y = (y + x / y) / 2; return y }
@@ -329,11 +344,25 @@ sockets() {
     command -v ss >/dev/null 2>&1 || return 0
     echo "---- sockets $1 ----"
     ss -tinpm state established '( dport = :4420 )' 2>&1 | head -n 400
+    # The target's ends: skmem's d is the socket's own drop count, the
+    # receiver that pruned or dropped.
+    echo "---- target sockets $1 ----"
+    ss -tinpm state established '( sport = :4420 )' 2>&1 | head -n 400
     # Loopback drops only at a full receive queue: the guest's counts so far.
     if command -v nstat >/dev/null 2>&1; then
         nstat -az 2>/dev/null | grep -E 'TcpRetransSegs|RcvQDrop|BacklogDrop|Prune|OFODrop|TCPLossProbes' | tr -s ' ' | tr '\n' ';'
         echo
     fi
+}
+
+# tcp_counters: the guest's loss and receive-queue counters since the last
+# call (nstat's own history), one line. Loopback loses a segment only at a
+# full receive queue, and the loss costs its connection for good (a lower
+# ssthresh), so each run's counts say which host's job caused one.
+tcp_counters() {
+    command -v nstat >/dev/null 2>&1 || return 0
+    nstat 2>/dev/null | grep -E 'TcpRetransSegs|RcvQDrop|BacklogDrop|Prune|OFODrop|RcvCollapsed|TCPLossProbes|TCPSackRecovery|TCPLostRetransmit|TCPTimeouts' |
+        awk '{ printf "%s=%s ", $1, $2 }'
 }
 
 # --- the rounds ------------------------------------------------------------
@@ -449,6 +478,7 @@ ublk/kernel:4k-randread-2jobs-qd32:>=1.0"
 # same mode) and default/off on each volume alone.
 pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
 [ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
+[ -n "${BENCH_SPLICE:-}" ] && pairs="$pairs ublk-spliced/kernel ublk-spliced/ublk ublk-spliced-a/ublk-a ublk-spliced-b/ublk-b"
 pairs="$pairs ublk-credits-off-a/ublk-credits-off-b ublk-a/ublk-credits-off-a ublk-b/ublk-credits-off-b"
 bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 # The two tenants: default over off, per round, then median and spread.

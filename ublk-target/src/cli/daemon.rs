@@ -351,16 +351,56 @@ pub fn open_priority(config: &VolumeConfig) -> ublk_target::volume::Priority {
 /// `set` on the control socket: apply, log, answer with the settings now
 /// in force (or `error: ...`).
 fn control_set(vol: &Volume, words: &[&str]) -> String {
+    // The one setting outside [qos]: how zero copy sends large writes.
+    let (io, words): (Vec<&str>, Vec<&str>) = words
+        .iter()
+        .partition(|w| w.starts_with("write_pages_min="));
+    let mut pages_min = None;
+    for w in &io {
+        let v = &w["write_pages_min=".len()..];
+        match parse_pages_min(v) {
+            Some(n) => pages_min = Some(n),
+            None => {
+                return format!(
+                    "error: {w:?}: expected a size of at least 4k (k/m suffixes) or max (never)\n"
+                )
+            }
+        }
+    }
+    if words.is_empty() {
+        let Some(n) = pages_min else {
+            return "error: nothing to set (give key=value, e.g. riops=2000)\n".into();
+        };
+        vol.stats.write_pages_min.store(n, Ordering::Relaxed);
+        log::warn!("volume {}: write_pages_min set to {n}", vol.config.name);
+        return format!("write_pages_min={n}\n");
+    }
     let q = &vol.qos;
-    match ublk_target::qos::apply_settings(&q.settings(), words) {
+    match ublk_target::qos::apply_settings(&q.settings(), &words) {
         Ok(c) => {
             q.apply(q.now(Instant::now()), &c);
+            if let Some(n) = pages_min {
+                vol.stats.write_pages_min.store(n, Ordering::Relaxed);
+            }
             let line = format_settings(&c);
             log::warn!("volume {}: qos set: {line}", vol.config.name);
-            format!("{line}\n")
+            match pages_min {
+                Some(n) => format!("{line} write_pages_min={n}\n"),
+                None => format!("{line}\n"),
+            }
         }
         Err(e) => format!("error: {e}\n"),
     }
+}
+
+/// `write_pages_min`'s value: a size of at least 4 KiB (smaller writes
+/// are never sent from the request's pages) or `max` (never).
+fn parse_pages_min(v: &str) -> Option<u32> {
+    if v == "max" {
+        return Some(u32::MAX);
+    }
+    let n = config_diag::parse_size(v).ok()?;
+    (4096..u64::from(u32::MAX)).contains(&n).then_some(n as u32)
 }
 
 /// `reload`: re-read the config file; only `[qos]` changes take effect
@@ -998,6 +1038,17 @@ mod tests {
                     write_zeroes: true,
                 },
             },
+        }
+    }
+
+    #[test]
+    fn write_pages_min_takes_a_size_from_4k_or_max() {
+        assert_eq!(parse_pages_min("32k"), Some(32 * 1024));
+        assert_eq!(parse_pages_min("4096"), Some(4096));
+        assert_eq!(parse_pages_min("1M"), Some(1 << 20));
+        assert_eq!(parse_pages_min("max"), Some(u32::MAX));
+        for bad in ["", "0", "512", "4095", "8g", "lots", "-4k"] {
+            assert_eq!(parse_pages_min(bad), None, "{bad:?}");
         }
     }
 

@@ -541,7 +541,7 @@ async fn tag_task(
                 let zc_write = zero_copy && op == Op::Write && data_len > 0;
                 let in_request = engine
                     .borrow_mut()
-                    .data_in_request(tag, zc_write && data_len >= WRITE_FIXED_MIN_BYTES);
+                    .data_in_request(tag, zc_write && data_len >= stats.write_pages_min());
                 if in_request {
                     stats
                         .zc_write_direct
