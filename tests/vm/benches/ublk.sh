@@ -229,7 +229,9 @@ fi
 matrix_job() {
     _r=$1 _j=$2 _rw=$3 _bs=$4 _qd=$5 _n=${6:-1}
     case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
-    if [ "$_n" -gt 1 ]; then
+    # BENCH_Q2=1: every job on the queues = 2 volumes (the kernel host has
+    # one I/O queue per vCPU, and one fio job's requests follow its CPU).
+    if [ "$_n" -gt 1 ] || [ -n "${BENCH_Q2:-}" ]; then
         _va=ublkq2a _vb=ublkq2b _a=$D_A2 _b=$D_B2
     else
         _va=ublka _vb=ublkb _a=$D_A _b=$D_B
