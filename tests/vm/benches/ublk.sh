@@ -21,6 +21,8 @@
 #   ublk-copy         with BENCH_COPY=1: credits off and [io] zero_copy =
 #                     "off" (the copy through the tag buffers), for the
 #                     one-queue jobs, to see what zero copy changes
+# BENCH_Q2=1 runs the one-job jobs on the queues = 2 volumes too (the
+# kernel host has one I/O queue per vCPU).
 #   ublk-spliced      with BENCH_SPLICE=1, write jobs only: both volumes
 #                     at the default but with write_pages_min=max (each
 #                     write read into our buffer, large pieces spliced to
