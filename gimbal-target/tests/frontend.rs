@@ -101,6 +101,87 @@ fn data_paths_with_header_and_data_digests() {
     data_paths(true, true);
 }
 
+/// Write data that reaches the target a piece at a time: an H2CData
+/// header alone, then its data in uneven pieces, the next PDU's header
+/// with the first bytes of its data, and so on. The target takes a large
+/// PDU's data straight into the write's buffer once its header is in
+/// (`start_direct`), and the bytes must land exactly as if each PDU had
+/// come whole; with data digests the PDUs go the buffered way.
+fn h2c_data_in_pieces(hdgst: bool, ddgst: bool) {
+    use nvmf_proto::pdu::{CapsuleCmd, H2CData, Pdu};
+    use std::io::Write;
+    let t = demo_target();
+    let addr = t.local_addrs()[0];
+    let admin = TestHost::bring_up(addr, hdgst, ddgst, 2);
+    let mut io = TestHost::connect_io(addr, admin.cntlid, 1, hdgst, ddgst);
+    let piece = io.maxh2cdata as usize;
+    // Cut points within each PDU's bytes: the header alone, a little of
+    // the data, a piece of a receive's size, the rest; and a PDU split
+    // once near its end, so that less than the direct minimum is left.
+    let cuts: [&[usize]; 3] = [&[24, 1000, 40_000], &[60, 70_001], &[piece + 24 - 3000]];
+    for (i, len) in [2 * piece, 3 * piece, 64 * 1024].into_iter().enumerate() {
+        let slba = (i as u64) * 4096;
+        let data = pattern(len, 100 + i as u32);
+        let cid = io.cid();
+        let w = IoCommand::write(
+            1,
+            slba,
+            (len / BS as usize) as u32,
+            SglDescriptor::transport(len as u32),
+        )
+        .unwrap();
+        io.send(&Pdu::CapsuleCmd(CapsuleCmd::new(w.to_sqe(cid))));
+        let Pdu::R2T(r2t) = io.recv() else {
+            panic!("expected R2T")
+        };
+        let mut wire = Vec::new();
+        let mut starts = Vec::new();
+        for off in (0..len).step_by(piece) {
+            let n = piece.min(len - off);
+            starts.push(wire.len());
+            let pdu = Pdu::H2CData(H2CData {
+                cccid: cid,
+                ttag: r2t.ttag,
+                datao: off as u32,
+                last: off + n == len,
+                data: data[off..off + n].to_vec().into(),
+            });
+            wire.extend_from_slice(&pdu.to_vec(&io.enc).unwrap());
+        }
+        // Each PDU sent in the pieces of its cut points (the last piece
+        // of one PDU going out with the first of the next).
+        let mut sent = 0;
+        for (k, &at) in starts.iter().enumerate() {
+            for &c in cuts[(i + k) % cuts.len()] {
+                let to = (at + c).min(wire.len());
+                if to > sent {
+                    io.stream.write_all(&wire[sent..to]).unwrap();
+                    io.stream.flush().unwrap();
+                    sent = to;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+        }
+        io.stream.write_all(&wire[sent..]).unwrap();
+        let (cqe, _) = io.gather(cid);
+        assert!(cqe.status.is_success(), "write {len}: {cqe:?}");
+        let (cqe, back) = io.read(1, slba, (len / BS as usize) as u32, BS);
+        assert!(cqe.status.is_success(), "read {len}: {cqe:?}");
+        assert!(back == data, "read back differs for {len} bytes");
+    }
+}
+
+#[test]
+fn h2c_data_arriving_in_pieces_lands_intact() {
+    h2c_data_in_pieces(false, false);
+}
+
+#[test]
+fn h2c_data_arriving_in_pieces_lands_intact_with_digests() {
+    h2c_data_in_pieces(true, false);
+    h2c_data_in_pieces(true, true);
+}
+
 #[test]
 fn write_zeroes_and_deallocate_read_back_zeros() {
     let t = demo_target();
