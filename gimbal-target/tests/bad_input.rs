@@ -63,44 +63,6 @@ fn expect_fes(h: &mut TestHost, fes: Fes, case: &str) {
     assert_eq!(term.fes, fes, "{case}: wrong FES");
 }
 
-/// A large H2CData PDU is checked against its transfer as soon as its
-/// header is in (its data would go straight into the write's buffer):
-/// a wrong transfer tag or offset ends the connection before any data.
-#[test]
-fn a_bad_h2c_data_header_is_refused_before_its_data() {
-    let t = demo_target();
-    let addr = t.local_addrs()[0];
-    for (case, ttag_delta, datao, fes) in [
-        ("wrong TTAG", 1u16, 0u32, Fes::INVALID_HEADER_FIELD),
-        (
-            "offset past what came",
-            0,
-            4096,
-            Fes::DATA_TRANSFER_OUT_OF_RANGE,
-        ),
-    ] {
-        let (_a, mut h) = io_queue(addr);
-        let cid = h.cid();
-        let len = 128 * 1024;
-        let w = IoCommand::write(1, 0, 256, SglDescriptor::transport(len)).unwrap();
-        h.send(&Pdu::CapsuleCmd(CapsuleCmd::new(w.to_sqe(cid))));
-        let Pdu::R2T(r2t) = h.recv() else {
-            panic!("expected R2T")
-        };
-        let pdu = Pdu::H2CData(H2CData {
-            cccid: cid,
-            ttag: r2t.ttag.wrapping_add(ttag_delta),
-            datao,
-            last: datao == 0,
-            data: vec![7u8; len as usize - datao as usize].into(),
-        });
-        let bytes = pdu.to_vec(&h.enc).unwrap();
-        // The header and a few bytes of data; the rest never comes.
-        h.send_raw(&bytes[..24 + 100]);
-        expect_fes(&mut h, fes, case);
-    }
-}
-
 #[test]
 fn every_malformed_input_ends_only_its_connection() {
     let t = demo_target();

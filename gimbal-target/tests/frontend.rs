@@ -103,10 +103,8 @@ fn data_paths_with_header_and_data_digests() {
 
 /// Write data that reaches the target a piece at a time: an H2CData
 /// header alone, then its data in uneven pieces, the next PDU's header
-/// with the first bytes of its data, and so on. The target takes a large
-/// PDU's data straight into the write's buffer once its header is in
-/// (`start_direct`), and the bytes must land exactly as if each PDU had
-/// come whole; with data digests the PDUs go the buffered way.
+/// with the first bytes of its data, and so on. The bytes must land
+/// exactly as if each PDU had come whole, with and without digests.
 fn h2c_data_in_pieces(hdgst: bool, ddgst: bool) {
     use nvmf_proto::pdu::{CapsuleCmd, H2CData, Pdu};
     use std::io::Write;

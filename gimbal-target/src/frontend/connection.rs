@@ -30,7 +30,6 @@ use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BufMut;
 use nvmf_proto::auth::{CtrlAuth, CtrlAuthConfig, CtrlProgress};
 use nvmf_proto::command::{DsmRange, IoCommand, ReadWrite};
 use nvmf_proto::fabrics::{
@@ -47,8 +46,8 @@ use nvmf_proto::reservation::{
 };
 use nvmf_proto::sqe::{admin_opcode, FLAGS_FUSE_MASK, FLAGS_PSDT_MASK, FLAGS_PSDT_SGL};
 use nvmf_proto::{
-    Cqe, DataHeaderDecoded, Decoded, DecoderConfig, ErrorAction, PduDecoder, ProtoError, SglKind,
-    Sqe, Status, Termination,
+    Cqe, Decoded, DecoderConfig, ErrorAction, PduDecoder, ProtoError, SglKind, Sqe, Status,
+    Termination,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -732,23 +731,6 @@ async fn cancelled(token: Option<&CancellationToken>) {
     }
 }
 
-/// An H2CData PDU is received straight into its write's buffer when at
-/// least this much of its data is still due once its header is in: below
-/// that, a receive into the connection's buffer that also brings the PDUs
-/// behind it costs less than the copy it saves.
-const DIRECT_MIN_BYTES: usize = 16 * 1024;
-
-/// An H2CData PDU being received straight into its transfer's buffer
-/// (`PendingData::buf`): its header passed every check, and `due` bytes
-/// of its data are still to come.
-#[derive(Debug)]
-struct Direct {
-    cccid: u16,
-    due: usize,
-    /// Where its data ends in the transfer.
-    end: usize,
-}
-
 /// Offsets in the H2CData PDU header (NVMe/TCP 1.0, 7.4.6).
 const H2C_DATAO_OFFSET: usize = 12;
 const H2C_DATAL_OFFSET: usize = 16;
@@ -773,9 +755,6 @@ impl Connection {
     async fn read_pdus(&mut self, rd: &mut tokio::net::tcp::OwnedReadHalf) -> End {
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut start = 0usize;
-        // The H2CData PDU whose data goes straight into its transfer's
-        // buffer, while it does ([`Self::start_direct`]).
-        let mut direct: Option<Direct> = None;
         loop {
             let need = loop {
                 match self.decoder.decode(&buf[start..]) {
@@ -808,21 +787,6 @@ impl Connection {
                     },
                 }
             };
-            // A large H2CData PDU whose header is in: the rest of its data
-            // is read into the write's buffer, not into `buf` and copied
-            // from there (that copy was 14-15 % of the guest at 128k
-            // writes, docs/benchmarks.md). Everything in `buf` from
-            // `start` is that PDU's (it is not complete).
-            if direct.is_none() && matches!(self.state, QueueState::Io(..)) {
-                match self.start_direct(&buf[start..]) {
-                    Ok(Some(d)) => {
-                        direct = Some(d);
-                        start = buf.len();
-                    }
-                    Ok(None) => {}
-                    Err(end) => return end,
-                }
-            }
             // Everything this receive brought is decoded: hand the held
             // requests over before waiting for more.
             self.submit_batch();
@@ -852,16 +816,6 @@ impl Connection {
             let budget = self.responder.budget.clone();
             let waiting = !self.deferred.is_empty();
             let waiting_on_target = waiting && self.short == Short::Target;
-            // A direct receive reads into the transfer's buffer, held
-            // here meanwhile and put back below whatever happens.
-            let mut dbuf = match &direct {
-                Some(d) => match self.pending.get_mut(&d.cccid) {
-                    Some(p) => std::mem::take(&mut p.buf),
-                    None => return End::Fatal("a direct receive lost its transfer".into()),
-                },
-                None => Vec::new(),
-            };
-            let mut got = 0;
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return End::Shutdown,
@@ -894,26 +848,11 @@ impl Connection {
                         return end;
                     }
                 }
-                r = async {
-                    match &direct {
-                        // At most the PDU's data: what follows it is the
-                        // next PDU's, for `buf`.
-                        Some(d) => rd.read_buf(&mut (&mut dbuf).limit(d.due)).await,
-                        None => rd.read_buf(&mut buf).await,
-                    }
-                } => match r {
+                r = rd.read_buf(&mut buf) => match r {
                     Ok(0) => return End::PeerClosed,
-                    Ok(n) => got = n,
+                    Ok(_) => {}
                     Err(e) => return End::SocketError(e),
                 },
-            }
-            if let Some(d) = direct.as_mut() {
-                if let Some(p) = self.pending.get_mut(&d.cccid) {
-                    p.buf = dbuf;
-                }
-                if got > 0 && self.direct_received(d, got) {
-                    direct = None;
-                }
             }
         }
     }
@@ -2107,36 +2046,10 @@ impl Connection {
         last: bool,
         data: &[u8],
     ) -> Result<(), End> {
-        let end = self.check_h2c_data(cccid, ttag, datao, data.len(), last)?;
-        let p = self.pending.get_mut(&cccid).expect("checked");
-        if !p.poisoned {
-            // In order, so this lands at `datao` (a poisoned transfer's
-            // data is never used: it is not kept).
-            p.buf.extend_from_slice(data);
-        }
-        p.received = end;
-        if end == p.len {
-            self.data_complete(cccid);
-        }
-        Ok(())
-    }
-
-    /// The checks of an H2CData header against the transfer it belongs
-    /// to (before any of its data is taken, so a PDU received straight
-    /// into the transfer's buffer passes the same ones): the end of its
-    /// data in the transfer, or the fatal error that ends the connection.
-    fn check_h2c_data(
-        &self,
-        cccid: u16,
-        ttag: u16,
-        datao: u32,
-        datal: usize,
-        last: bool,
-    ) -> Result<usize, End> {
         use nvmf_proto::FatalErrorStatus as Fes;
         // H2CData before Connect, for a read, or for an unknown command all
         // land here: no pending transfer has that CCCID.
-        let Some(p) = self.pending.get(&cccid) else {
+        let Some(p) = self.pending.get_mut(&cccid) else {
             return Err(self.fatal(
                 Fes::INVALID_HEADER_FIELD,
                 8,
@@ -2150,14 +2063,14 @@ impl Connection {
                 "H2CData with a wrong transfer tag",
             ));
         }
-        if datal > self.max_h2c_data as usize {
+        if data.len() > self.max_h2c_data as usize {
             return Err(self.fatal(
                 Fes::DATA_TRANSFER_LIMIT_EXCEEDED,
                 0,
                 "H2CData above MAXH2CDATA",
             ));
         }
-        let end = datao as usize + datal;
+        let end = datao as usize + data.len();
         if datao as usize != p.received || end > p.len {
             return Err(self.fatal(
                 Fes::DATA_TRANSFER_OUT_OF_RANGE,
@@ -2172,59 +2085,16 @@ impl Connection {
                 "H2CData LAST_PDU flag does not match the transfer",
             ));
         }
-        Ok(end)
-    }
-
-    /// Whether the H2CData PDU at the start of `buf` (not all of it
-    /// received yet) should take the rest of its data straight from the
-    /// socket into its transfer's buffer, and if so, starts that: checks
-    /// the header as [`Self::handle_h2c_data`] would, appends the data
-    /// that came with it and returns what is still due. `Ok(None)`: the
-    /// PDU goes the buffered way (not a data PDU, data digests on, a
-    /// poisoned transfer, or too little data left to be worth a receive
-    /// of its own).
-    fn start_direct(&mut self, buf: &[u8]) -> Result<Option<Direct>, End> {
-        let Ok(DataHeaderDecoded::Header(h)) = self.decoder.decode_data_header(buf) else {
-            // A header error is reported by `decode` once the PDU is in,
-            // as before; a short or other PDU is not ours to take.
-            return Ok(None);
-        };
-        if h.pdu_type != nvmf_proto::pdu::pdu_type::H2C_DATA || h.data_digest {
-            return Ok(None);
+        if !p.poisoned {
+            // In order, so this lands at `datao` (a poisoned transfer's
+            // data is never used: it is not kept).
+            p.buf.extend_from_slice(data);
         }
-        let have = buf.len().saturating_sub(h.data_offset);
-        let datal = h.datal as usize;
-        if have >= datal || datal - have < DIRECT_MIN_BYTES {
-            return Ok(None);
+        p.received = end;
+        if end == p.len {
+            self.data_complete(cccid);
         }
-        if self.pending.get(&h.cccid).is_some_and(|p| p.poisoned) {
-            return Ok(None);
-        }
-        let end = self.check_h2c_data(h.cccid, h.ttag, h.datao, datal, h.last)?;
-        let p = self.pending.get_mut(&h.cccid).expect("checked");
-        p.buf.extend_from_slice(&buf[h.data_offset..]);
-        p.received += have;
-        Ok(Some(Direct {
-            cccid: h.cccid,
-            due: datal - have,
-            end,
-        }))
-    }
-
-    /// `n` more bytes of the direct receive `d` landed in its transfer's
-    /// buffer; once all of them have, the PDU is done, as if decoded.
-    fn direct_received(&mut self, d: &mut Direct, n: usize) -> bool {
-        d.due -= n;
-        if let Some(p) = self.pending.get_mut(&d.cccid) {
-            p.received += n;
-        }
-        if d.due > 0 {
-            return false;
-        }
-        if self.pending.get(&d.cccid).is_some_and(|p| p.len == d.end) {
-            self.data_complete(d.cccid);
-        }
-        true
+        Ok(())
     }
 
     fn data_complete(&mut self, cccid: u16) {
