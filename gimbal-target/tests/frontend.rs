@@ -115,7 +115,7 @@ fn h2c_data_in_pieces(hdgst: bool, ddgst: bool) {
     let piece = io.maxh2cdata as usize;
     // Cut points within each PDU's bytes: the header alone, a little of
     // the data, a piece of a receive's size, the rest; and a PDU split
-    // once near its end, so that less than the direct minimum is left.
+    // once, 3,000 bytes before its end.
     let cuts: [&[usize]; 3] = [&[24, 1000, 40_000], &[60, 70_001], &[piece + 24 - 3000]];
     for (i, len) in [2 * piece, 3 * piece, 64 * 1024].into_iter().enumerate() {
         let slba = (i as u64) * 4096;
