@@ -107,7 +107,6 @@ fn data_paths_with_header_and_data_digests() {
 /// exactly as if each PDU had come whole, with and without digests.
 fn h2c_data_in_pieces(hdgst: bool, ddgst: bool) {
     use nvmf_proto::pdu::{CapsuleCmd, H2CData, Pdu};
-    use std::io::Write;
     let t = demo_target();
     let addr = t.local_addrs()[0];
     let admin = TestHost::bring_up(addr, hdgst, ddgst, 2);
@@ -153,14 +152,13 @@ fn h2c_data_in_pieces(hdgst: bool, ddgst: bool) {
             for &c in cuts[(i + k) % cuts.len()] {
                 let to = (at + c).min(wire.len());
                 if to > sent {
-                    io.stream.write_all(&wire[sent..to]).unwrap();
-                    io.stream.flush().unwrap();
+                    io.send_raw(&wire[sent..to]);
                     sent = to;
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
             }
         }
-        io.stream.write_all(&wire[sent..]).unwrap();
+        io.send_raw(&wire[sent..]);
         let (cqe, _) = io.gather(cid);
         assert!(cqe.status.is_success(), "write {len}: {cqe:?}");
         let (cqe, back) = io.read(1, slba, (len / BS as usize) as u32, BS);

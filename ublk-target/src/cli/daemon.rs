@@ -367,30 +367,28 @@ fn control_set(vol: &Volume, words: &[&str]) -> String {
             }
         }
     }
-    if words.is_empty() {
-        let Some(n) = pages_min else {
-            return "error: nothing to set (give key=value, e.g. riops=2000)\n".into();
-        };
-        vol.stats.write_pages_min.store(n, Ordering::Relaxed);
-        log::warn!("volume {}: write_pages_min set to {n}", vol.config.name);
-        return format!("write_pages_min={n}\n");
-    }
-    let q = &vol.qos;
-    match ublk_target::qos::apply_settings(&q.settings(), &words) {
-        Ok(c) => {
-            q.apply(q.now(Instant::now()), &c);
-            if let Some(n) = pages_min {
-                vol.stats.write_pages_min.store(n, Ordering::Relaxed);
+    let mut line = None;
+    if !words.is_empty() || pages_min.is_none() {
+        let q = &vol.qos;
+        match ublk_target::qos::apply_settings(&q.settings(), &words) {
+            Ok(c) => {
+                q.apply(q.now(Instant::now()), &c);
+                line = Some(format_settings(&c));
             }
-            let line = format_settings(&c);
-            log::warn!("volume {}: qos set: {line}", vol.config.name);
-            match pages_min {
-                Some(n) => format!("{line} write_pages_min={n}\n"),
-                None => format!("{line}\n"),
-            }
+            Err(e) => return format!("error: {e}\n"),
         }
-        Err(e) => format!("error: {e}\n"),
     }
+    if let Some(n) = pages_min {
+        vol.stats.write_pages_min.store(n, Ordering::Relaxed);
+        let set = format!("write_pages_min={n}");
+        line = Some(match line {
+            Some(l) => format!("{l} {set}"),
+            None => set,
+        });
+    }
+    let line = line.expect("one of the two was set");
+    log::warn!("volume {}: set: {line}", vol.config.name);
+    format!("{line}\n")
 }
 
 /// `write_pages_min`'s value: a size of at least 4 KiB (smaller writes

@@ -244,6 +244,8 @@ fn zero_copy_refused(
 /// between the headers' `SendMsg`s), never copied into our memory;
 /// smaller ones are `pread` into the tag's buffer and sent with the
 /// headers (more SQEs per byte would cost them more than the copy).
+/// The default of the volume's run-time `write_pages_min`
+/// ([`crate::volume::Stats::write_pages_min`]).
 pub const WRITE_FIXED_MIN_BYTES: u32 = 32 * 1024;
 
 /// SQEs as one linked chain on the calling queue thread's ring
