@@ -84,6 +84,13 @@ impl Exposition {
         sample(&mut f.samples, name, labels, None, &value.to_string());
     }
 
+    /// A counter sample with a fractional value (`name` ends in `_total`),
+    /// e.g. seconds accumulated from a finer-grained integer count.
+    pub fn counter_f64(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: f64) {
+        let f = self.family(name, Kind::Counter, help);
+        sample(&mut f.samples, name, labels, None, &format_value(value));
+    }
+
     /// A gauge sample.
     pub fn gauge(&mut self, name: &str, help: &str, labels: &[(&str, &str)], value: f64) {
         let f = self.family(name, Kind::Gauge, help);
@@ -264,6 +271,17 @@ mod tests {
              x_ios_total{volume=\"a\"} 1\n"
         );
         assert_eq!(e.family_names(), ["x_window", "x_ios_total"]);
+    }
+
+    #[test]
+    fn fractional_counters_keep_their_fraction() {
+        let mut e = Exposition::new();
+        e.counter_f64("x_wait_seconds_total", "s", &[("volume", "a")], 0.002_5);
+        assert_eq!(
+            e.finish(),
+            "# HELP x_wait_seconds_total s\n# TYPE x_wait_seconds_total counter\n\
+             x_wait_seconds_total{volume=\"a\"} 0.0025\n"
+        );
     }
 
     #[test]

@@ -282,6 +282,12 @@ fn qos(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
         &[v],
         q.wait_us_mean as f64 / 1e6,
     );
+    e.counter_f64(
+        "ublk_nvmf_wait_seconds_total",
+        "All waits in the local queues added up (rate over ublk_nvmf_waited_total's rate: the mean wait in an interval).",
+        &[v],
+        q.wait_us_total as f64 / 1e6,
+    );
     e.gauge(
         "ublk_nvmf_wait_max_seconds",
         "Longest wait in the local queues.",

@@ -485,7 +485,7 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
     };
     format_counters(s)
         + &format!(
-            "  qos: credits {} (window {} from {}{estimate}, target credit {credit}), in flight {} (max {}, over credit {})\n               qos: local queue {} (max {}), waited {} of {} (mean {} us, max {} us), limiter delays {}, credit waits {}\n               qos: riops {} wiops {} rbps {} wbps {}\n{}",
+            "  qos: credits {} (window {} from {}{estimate}, target credit {credit}), in flight {} (max {}, over credit {})\n               qos: local queue {} (max {}), waited {} of {} (mean {} us, max {} us, total {} us), limiter delays {}, credit waits {}\n               qos: riops {} wiops {} rbps {} wbps {}\n{}",
             q.credits_mode,
             q.window,
             q.window_source,
@@ -498,6 +498,7 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
             q.admitted,
             q.wait_us_mean,
             q.wait_us_max,
+            q.wait_us_total,
             q.limiter_delays,
             q.credit_waits,
             limit(q.riops),
