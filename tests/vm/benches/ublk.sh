@@ -252,10 +252,11 @@ matrix_job() {
         _mode=${_spec%%:*} _dev=${_spec#*:}
         if [ -n "$_vol" ]; then set_mode "$_vol" "$_mode" || continue; fi
         tcp_counters >/dev/null
-        [ -n "$_vol" ] && _g0=$(gate_counts "$_vol")
+        [ -n "$_vol" ] && _g0=$(gate_counts "$_vol") && _u0=$(uptime_ms)
         fio_bench "round=$_r host=${_h%%=*} job=$_j" "$_dev" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
         log "round $_r $_j ${_h%%=*} tcp: $(tcp_counters)"
-        [ -n "$_vol" ] && gate_line "$_r" "${_h%%=*}" "$_j" "$_mode" "$_g0" "$(gate_counts "$_vol")"
+        [ -n "$_vol" ] && gate_line "$_r" "${_h%%=*}" "$_j" "$_mode" "$_g0" "$(gate_counts "$_vol")" \
+            $((_qd * _n)) $(($(uptime_ms) - _u0))
         # Where a default run's estimate stood at its end (console log): a
         # default/off ratio below 1 is read against its window and gain.
         if [ "$_mode" = auto ]; then
@@ -274,6 +275,9 @@ matrix_job() {
     done
 }
 
+# uptime_ms: the guest's clock in ms (busybox date has no %N).
+uptime_ms() { awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime; }
+
 # gate_counts VOLUME: "admitted waited total_us" of the volume's QoS gate
 # so far (its status line "waited W of A (mean M us, max X us, total T
 # us)").
@@ -282,18 +286,27 @@ gate_counts() {
         sed -n 's/.*waited \([0-9]*\) of \([0-9]*\) (.* total \([0-9]*\) us).*/\2 \1 \3/p' | head -n 1
 }
 
-# gate_line ROUND HOST JOB MODE BEFORE AFTER: what the gate did in one run
-# (BEFORE/AFTER from gate_counts): requests admitted, how many waited in
-# the local queue for a credit or the limiter, and their mean wait. Why:
-# a default/off ratio below 1 is the gate's doing only if the gate held
-# requests in that run; with none held, both modes sent every request the
-# moment it came, and the ratio is the run-to-run noise (issue 14, goal 1).
+# gate_line ROUND HOST JOB MODE BEFORE AFTER REQUESTS GATED_MS: what the
+# gate did in one run (BEFORE/AFTER from gate_counts): requests admitted,
+# how many waited in the local queue for a credit or the limiter, their
+# mean wait, and the bound below. Why: a default/off ratio below 1 is the
+# gate's doing only if the gate held requests in that run; with none
+# held, both modes sent every request the moment it came, and the ratio
+# is the run-to-run noise (issue 14, goal 1).
+# The bound: fio keeps REQUESTS (iodepth x jobs) outstanding, and for
+# GATED_MS of the run the gate was in force. By Little's law the share of
+# those requests that sat in the gate rather than in the path is the
+# wait total over REQUESTS x GATED_MS (gate_share); the path then held
+# (1 - gate_share) of them, and a path with fewer requests in it is no
+# slower per request (a queue), so default/off >= 1 - gate_share, whatever
+# the host's noise does to the measured ratio. (Left out: the estimate's
+# own CPU, counted in instructions by examples/client_path_cost.rs.)
 # "BENCH gate" lines, which the ratio parsers skip.
 gate_line() {
-    printf '%s %s\n' "$5" "$6" | awk -v r="$1" -v h="$2" -v j="$3" -v m="$4" '
-        NF == 6 { a = $4 - $1; w = $5 - $2; t = $6 - $3
-            printf "BENCH gate round=%s on=%s job=%s mode=%s admitted=%d held=%d held_pct=%.2f held_mean_us=%d\n",
-                r, h, j, m, a, w, (a > 0) ? 100 * w / a : 0, (w > 0) ? t / w : 0 }' | tee -a "$FIO_BENCH_OUT"
+    printf '%s %s\n' "$5" "$6" | awk -v r="$1" -v h="$2" -v j="$3" -v m="$4" -v n="$7" -v ms="$8" '
+        NF == 6 { a = $4 - $1; w = $5 - $2; t = $6 - $3; sh = (n > 0 && ms > 0) ? t / (n * ms * 1000) : 0
+            printf "BENCH gate round=%s on=%s job=%s mode=%s admitted=%d held=%d held_pct=%.2f held_mean_us=%d wait_us=%d requests=%d gated_ms=%d gate_share=%.4f bound=%.3f\n",
+                r, h, j, m, a, w, (a > 0) ? 100 * w / a : 0, (w > 0) ? t / w : 0, t, n, ms, sh, 1 - sh }' | tee -a "$FIO_BENCH_OUT"
 }
 
 # tenant_fio OUT DEV RW QD: one tenant's timed 4k fio run, terse v3 to OUT.
@@ -514,19 +527,21 @@ fi
 # neighbours (A-B-A, as the gain probe measures: a drift cancels), their
 # median and spread; then per job the median over both volumes' A-B-A
 # ratios. With it, the gate's holds in the same run (gate_line, mode
-# "interleaved": only default segments hold).
+# "interleaved": only default segments hold). BENCH_AA=1 is the control:
+# the same runs and labels, but every segment is set to credits off, so
+# its "default over off" ratios show what the measurement gives when the
+# two modes are the same.
 ISEG=${BENCH_SEGMENT_SECS:-8}
 ISEGS=${BENCH_SEGMENTS:-8}
-
-# uptime_ms: the guest's clock in ms (busybox date has no %N).
-uptime_ms() { awk '{ printf "%d\n", $1 * 1000 }' /proc/uptime; }
 
 # interleave JOB VOLUME DEV RW BS QD FIRST_MODE
 interleave() {
     _j=$1 _v=$2 _d=$3 _m=$7
     case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
     rm -f /tmp/il_iops.*.log
-    set_mode "$_v" "$_m" || return 1
+    # set_mode's mode: the label's, or off for every segment under BENCH_AA.
+    _sm() { if [ -n "${BENCH_AA:-}" ]; then echo off; else echo "$1"; fi; }
+    set_mode "$_v" "$(_sm "$_m")" || return 1
     _g0=$(gate_counts "$_v")
     _t0=$(uptime_ms)
     echo "0 $_m" >/tmp/il-switch.txt
@@ -540,7 +555,7 @@ interleave() {
         _wait=$((_t0 + _k * ISEG * 1000 - $(uptime_ms)))
         [ $_wait -gt 0 ] && sleep "$(awk -v w=$_wait 'BEGIN { printf "%.3f", w / 1000 }')"
         if [ "$_m" = auto ]; then _m=off; else _m=auto; fi
-        set_mode "$_v" "$_m"
+        set_mode "$_v" "$(_sm "$_m")"
         echo "$(($(uptime_ms) - _t0)) $_m" >>/tmp/il-switch.txt
         _k=$((_k + 1))
     done
@@ -552,7 +567,8 @@ interleave() {
         return 1
     fi
     pass "interleaved $_j on $_v"
-    gate_line interleaved "$_v" "$_j" interleaved "$_g0" "$(gate_counts "$_v")"
+    # The gate is in force in half the segments (none under BENCH_AA).
+    gate_line interleaved "$_v" "$_j" interleaved "$_g0" "$(gate_counts "$_v")" "$6" $((ISEG * ISEGS * 500))
     # The switch times first (file 1), then fio's per-second log (file 2:
     # "ms, iops, direction, bs, offset").
     awk -F', *' -v j="$_j" -v vol="$_v" -v segs="$ISEGS" -v seg="$ISEG" '
@@ -623,10 +639,12 @@ bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 grep '^BENCH gate round=' "$FIO_BENCH_OUT" | awk '
     { for (i = 3; i <= NF; i++) { split($i, a, "="); v[a[1]] = a[2] }
       k = v["job"] " " v["mode"]; if (!(k in n)) keys[++nk] = k
-      n[k]++; ad[k] += v["admitted"]; hd[k] += v["held"]; t[k] += v["held"] * v["held_mean_us"] }
+      n[k]++; ad[k] += v["admitted"]; hd[k] += v["held"]; t[k] += v["wait_us"]; rt[k] += v["requests"] * v["gated_ms"] * 1000
+      if (v["bound"] != "" && (!(k in lo) || v["bound"] + 0 < lo[k])) lo[k] = v["bound"] + 0 }
     END { for (i = 1; i <= nk; i++) { k = keys[i]; split(k, b, " ")
-        printf "BENCH gate summary job=%s mode=%s runs=%d admitted=%d held=%d held_pct=%.2f held_mean_us=%d\n",
-            b[1], b[2], n[k], ad[k], hd[k], (ad[k] > 0) ? 100 * hd[k] / ad[k] : 0, (hd[k] > 0) ? t[k] / hd[k] : 0 } }'
+        printf "BENCH gate summary job=%s mode=%s runs=%d admitted=%d held=%d held_pct=%.2f held_mean_us=%d gate_share=%.4f bound=%.3f worst_run_bound=%.3f\n",
+            b[1], b[2], n[k], ad[k], hd[k], (ad[k] > 0) ? 100 * hd[k] / ad[k] : 0, (hd[k] > 0) ? t[k] / hd[k] : 0,
+            (rt[k] > 0) ? t[k] / rt[k] : 0, (rt[k] > 0) ? 1 - t[k] / rt[k] : 1, lo[k] } }'
 # The two tenants: default over off, per round, then median and spread.
 grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk '
     function kv(name, i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == name) return a[2] } return "" }
