@@ -6,7 +6,9 @@
 # (default 3) rounds. Run:
 #   tests/vm/run --bench ublk                     # ~18 min
 #   BENCH_ROUNDS=1 BENCH_SECS=3 BENCH_TENANT_SECS=5 tests/vm/run --bench ublk   # a quick look
-# BENCH_ONLY=matrix or BENCH_ONLY=tenants runs one part; BENCH_JOBS=JOB,...
+# BENCH_ONLY=matrix, tenants, profile or interleave runs one part (the
+# last, part 4, both credit modes interleaved within one fio run, runs
+# only when asked for); BENCH_JOBS=JOB,...
 # (names as in the BENCH lines, e.g. 128k-write-qd32) runs only those
 # matrix jobs; the BENCH lines
 # land in target/vm/bench/ublk.txt; docs/benchmarks.md records the runs.
@@ -117,6 +119,10 @@
 # stat`, each process's system calls and context switches per second and
 # per fio I/O ("by=events comm=... event=... per_sec=... per_io=...").
 # BENCH_ONLY=profile runs only this part (with part 1's setup).
+#
+# After every ublk run a "BENCH gate" line: what the credit gate held in
+# it and the lower bound on default/off that follows (gate_line), and
+# per job a "BENCH gate summary".
 #
 # Afterwards `ublk-nvmf status` of every volume (credit window and its
 # source). Benchmarks report; only fio errors and setup fail the run.
