@@ -260,9 +260,9 @@ matrix_job() {
         tcp_counters >/dev/null
         [ -n "$_vol" ] && _g0=$(gate_counts "$_vol") && _u0=$(uptime_ms)
         fio_bench "round=$_r host=${_h%%=*} job=$_j" "$_dev" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
+        [ -n "$_vol" ] && _u1=$(uptime_ms) && _g1=$(gate_counts "$_vol")
         log "round $_r $_j ${_h%%=*} tcp: $(tcp_counters)"
-        [ -n "$_vol" ] && gate_line "$_r" "${_h%%=*}" "$_j" "$_mode" "$_g0" "$(gate_counts "$_vol")" \
-            $((_qd * _n)) $(($(uptime_ms) - _u0))
+        [ -n "$_vol" ] && gate_line "$_r" "${_h%%=*}" "$_j" "$_mode" "$_g0" "$_g1" $((_qd * _n)) $((_u1 - _u0))
         # Where a default run's estimate stood at its end (console log): a
         # default/off ratio below 1 is read against its window and gain.
         if [ "$_mode" = auto ]; then
@@ -305,13 +305,19 @@ gate_counts() {
 # wait total over REQUESTS x GATED_MS (gate_share); the path then held
 # (1 - gate_share) of them, and a path with fewer requests in it is no
 # slower per request (a queue), so default/off >= 1 - gate_share, whatever
-# the host's noise does to the measured ratio. (Left out: the estimate's
-# own CPU, counted in instructions by examples/client_path_cost.rs.)
+# the host's noise does to the measured ratio. The assumption: the path's
+# throughput is concave in the requests in it (each added request adds
+# no more than the one before; what the gain probe relies on too), so its
+# throughput per request does not fall as requests are taken out. GATED_MS
+# runs from before fio starts to its exit: fio's start-up (under a
+# second) makes the share a few per cent (relative) smaller than it is.
+# Left out: the estimate's own CPU, counted in instructions by
+# examples/client_path_cost.rs.
 # "BENCH gate" lines, which the ratio parsers skip.
 gate_line() {
     printf '%s %s\n' "$5" "$6" | awk -v r="$1" -v h="$2" -v j="$3" -v m="$4" -v n="$7" -v ms="$8" '
         NF == 6 { a = $4 - $1; w = $5 - $2; t = $6 - $3; sh = (n > 0 && ms > 0) ? t / (n * ms * 1000) : 0
-            printf "BENCH gate round=%s on=%s job=%s mode=%s admitted=%d held=%d held_pct=%.2f held_mean_us=%d wait_us=%d requests=%d gated_ms=%d gate_share=%.4f bound=%.3f\n",
+            printf "BENCH gate round=%s on=%s job=%s mode=%s admitted=%d held=%d held_pct=%.2f held_mean_us=%d wait_us=%.0f requests=%d gated_ms=%d gate_share=%.4f bound=%.3f\n",
                 r, h, j, m, a, w, (a > 0) ? 100 * w / a : 0, (w > 0) ? t / w : 0, t, n, ms, sh, 1 - sh }' | tee -a "$FIO_BENCH_OUT"
 }
 
@@ -560,8 +566,10 @@ interleave() {
     while [ $_k -lt "$ISEGS" ]; do
         _wait=$((_t0 + _k * ISEG * 1000 - $(uptime_ms)))
         [ $_wait -gt 0 ] && sleep "$(awk -v w=$_wait 'BEGIN { printf "%.3f", w / 1000 }')"
-        if [ "$_m" = auto ]; then _m=off; else _m=auto; fi
-        set_mode "$_v" "$(_sm "$_m")"
+        if [ "$_m" = auto ]; then _next=off; else _next=auto; fi
+        # On a failed switch (set_mode counts the failure) the segment
+        # keeps the mode in force and is recorded so.
+        set_mode "$_v" "$(_sm "$_next")" && _m=$_next
         echo "$(($(uptime_ms) - _t0)) $_m" >>/tmp/il-switch.txt
         _k=$((_k + 1))
     done
@@ -573,8 +581,9 @@ interleave() {
         return 1
     fi
     pass "interleaved $_j on $_v"
-    # The gate is in force in half the segments (none under BENCH_AA).
-    gate_line interleaved "$_v" "$_j" interleaved "$_g0" "$(gate_counts "$_v")" "$6" $((ISEG * ISEGS * 500))
+    # The gate is in force in the default segments (none under BENCH_AA).
+    gate_line interleaved "$_v" "$_j" interleaved "$_g0" "$(gate_counts "$_v")" "$6" \
+        $(($(grep -c ' auto$' /tmp/il-switch.txt) * ISEG * 1000))
     # The switch times first (file 1), then fio's per-second log (file 2:
     # "ms, iops, direction, bs, offset").
     awk -F', *' -v j="$_j" -v vol="$_v" -v segs="$ISEGS" -v seg="$ISEG" '
@@ -616,9 +625,10 @@ if [ "$ONLY" = interleave ]; then
     # Per job, both volumes' A-B-A ratios together.
     grep '^BENCH interleave job=.* aba=' "$FIO_BENCH_OUT" | awk '
         { for (i = 3; i <= NF; i++) { split($i, a, "="); f[a[1]] = a[2] }
-          j = f["job"]; if (!(j in c)) jobs[++nj] = j
-          k = split(f["aba"], x, ","); for (i = 1; i <= k; i++) if (x[i] != "") vals[j, ++c[j]] = x[i] + 0 }
+          j = f["job"]; if (!(j in seen)) { seen[j] = 1; c[j] = 0; jobs[++nj] = j }
+          k = split(f["aba"], xs, ","); for (i = 1; i <= k; i++) if (xs[i] != "") vals[j, ++c[j]] = xs[i] + 0 }
         END { for (y = 1; y <= nj; y++) { j = jobs[y]; m = c[j]
+            if (m == 0) { printf "BENCH interleave summary job=%s aba_n=0\n", j; continue }
             for (i = 1; i <= m; i++) v[i] = vals[j, i]
             for (i = 2; i <= m; i++) { x = v[i]; for (q = i - 1; q >= 1 && v[q] > x; q--) v[q + 1] = v[q]; v[q + 1] = x }
             med = (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2

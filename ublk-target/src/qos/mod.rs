@@ -1048,8 +1048,10 @@ mod tests {
         for i in 0..3u32 {
             q.push(Nanos(0), i, LimitKind::Read, 4096, NvmeClass::High);
         }
-        // The first goes at once; its completion reports credit 1, so the
-        // others go one at a time, 2.5 ms and 4 ms after they came.
+        // The accounting, not the gate's decision: the first is admitted
+        // at once, the others when the test polls them, 2.5 ms and 4 ms
+        // after they came (their completions report credit 1, so each is
+        // polled only once the one before it is done).
         let (_, t) = q.poll_admit(Nanos(0)).unwrap();
         q.on_done(Nanos(2_500_000), t, Some(dw1));
         let (_, t) = q.poll_admit(Nanos(2_500_000)).unwrap();
