@@ -190,7 +190,7 @@ set_mode() {
 }
 
 # --- part 1 setup: null namespace, four volumes, the kernel host ---------
-if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ] || [ "$ONLY" = interleave ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ] || [ "$ONLY" = interleave ] || [ "$ONLY" = climb ]; then
     gimbal_write_config
     gimbal_start || exit 1
     volume D_A ublka 4420 $NQN 3 1 auto || exit 1
@@ -634,6 +634,45 @@ if [ "$ONLY" = interleave ]; then
             med = (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
             printf "BENCH interleave summary job=%s aba_median=%.3f aba_min=%.3f aba_max=%.3f aba_n=%d goal=>=0.97 met=%s\n",
                 j, med, v[1], v[m], m, (med >= 0.97) ? "yes" : "no" } }' | tee -a "$FIO_BENCH_OUT"
+fi
+
+# --- part 5: how fast a young volume's estimate opens (BENCH_ONLY=climb) ----
+# The gain starts at `estimate_gain` (2) and climbs by probes, so a large-
+# I/O job early in a volume's life is held to a small window (the 128k
+# read runs of docs/benchmarks.md, "What the gate holds"). Here the fresh
+# volume ublka, at the default, runs one fio job (BENCH_CLIMB_JOB: rw,bs,
+# qd; default read,128k,32) for BENCH_CLIMB_SECS (60) s, and every 2 s a
+# "BENCH climb" line gives the time since fio started, the window, the
+# gain, and the share of fio's requests the gate held in those 2 s (its
+# wait total over requests x 2 s, as in gate_line). Compare a change of
+# the gain's start or climb by the seconds to a share near 0.
+if [ "$ONLY" = climb ]; then
+    _spec=${BENCH_CLIMB_JOB:-read,128k,32}
+    _rw=${_spec%%,*} _spec=${_spec#*,}
+    _bs=${_spec%%,*} _qd=${_spec#*,}
+    _secs=${BENCH_CLIMB_SECS:-60}
+    set_mode ublka auto || exit 1
+    fio --name=climb --filename="$D_A" --ioengine=libaio --direct=1 --rw="$_rw" --bs="$_bs" \
+        --iodepth="$_qd" --runtime="$_secs" --time_based --size=512M --randrepeat=0 \
+        --norandommap --output-format=terse --terse-version=3 >/tmp/climb.out 2>&1 &
+    _fp=$!
+    _t0=$(uptime_ms)
+    _tp=$_t0
+    _prev=$(gate_counts ublka)
+    while kill -0 $_fp 2>/dev/null; do
+        sleep 2
+        _st=$(ublk-nvmf status ublka 2>/dev/null)
+        _now=$(gate_counts ublka)
+        _tn=$(uptime_ms)
+        printf '%s %s\n' "$_prev" "$_now" | awk -v t=$((_tn - _t0)) -v dt=$((_tn - _tp)) -v n="$_qd" \
+            -v w="$(echo "$_st" | sed -n 's/.*(window \([0-9]*\) from.*/\1/p' | head -n 1)" \
+            -v g="$(echo "$_st" | sed -n 's/.* base, gain \([0-9.]*\),.*/\1/p' | head -n 1)" '
+            NF == 6 && dt > 0 { printf "BENCH climb t_ms=%d window=%s gain=%s admitted=%d held=%d gate_share=%.3f\n",
+                t, w, (g == "") ? "-" : g, $4 - $1, $5 - $2, ($6 - $3) / (n * dt * 1000) }' | tee -a "$FIO_BENCH_OUT"
+        _prev=$_now _tp=$_tn
+    done
+    wait $_fp
+    if grep -q '^3;' /tmp/climb.out; then pass "climb: $_rw $_bs QD $_qd for ${_secs}s"; else fail "climb: fio failed"; fi
 fi
 
 # --- summary ---------------------------------------------------------------
