@@ -63,7 +63,9 @@
 //!   up 1.5× and keeping it only when it delivered ≥ 5 % more (A-B-A
 //!   against the cruise around it), and probing down after a probe up that
 //!   did not pay, finds the knee of the path's own curve; failed probes
-//!   back off to a few per cent of the time.
+//!   back off to a few per cent of the time. A young gate steps 2.25×
+//!   until a probe fails, so a fresh volume's large I/O opens in half the
+//!   probes.
 //! - A sample is one round, not one request, so the gate keeps no
 //!   per-request state; the maximum over ten rounds absorbs the noise of
 //!   short rounds.
@@ -79,7 +81,7 @@ use crate::config::check_nonzero;
 use crate::credit::decode_credit_dw1;
 use crate::delivery_rate::DeliveryRate;
 use crate::error::{QosError, Result};
-use crate::gain_probe::{GainProbe, STEP};
+use crate::gain_probe::{GainProbe, ProbeCounts};
 use crate::time::{Nanos, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::types::IoKind;
 
@@ -195,6 +197,9 @@ pub struct CreditGate {
     rate: DeliveryRate,
     /// EWMA of the base latency of completed requests, ns.
     mean_base_ns: Option<f64>,
+    /// The bandwidth-delay product (requests) held while the gain probe
+    /// compares a probe with the cruise around it; `None` otherwise.
+    held_bdp: Option<f64>,
     mean_io_bytes: f64,
     in_flight: u32,
     /// [`CreditGate::estimated_window`] as of the last change of what it
@@ -219,6 +224,7 @@ impl CreditGate {
             base: BaseLatency::new(config.base_window_ms.saturating_mul(NANOS_PER_MILLI)),
             rate: DeliveryRate::new(),
             mean_base_ns: None,
+            held_bdp: None,
             mean_io_bytes: 4096.0,
             in_flight: 0,
             estimated: config.initial_window.min(config.max_window),
@@ -252,9 +258,8 @@ impl CreditGate {
         if self.base.probing() {
             return 1;
         }
-        match (self.rate.max_bps(), self.mean_base_ns) {
-            (Some(bw), Some(base_ns)) => {
-                let bdp = bw * base_ns / NANOS_PER_SEC as f64 / self.mean_io_bytes.max(1.0);
+        match self.held_bdp.or_else(|| self.live_bdp()) {
+            Some(bdp) => {
                 let (floor, max) = (
                     f64::from(MIN_ESTIMATED_WINDOW.min(self.max_window)),
                     f64::from(self.max_window),
@@ -263,15 +268,22 @@ impl CreditGate {
                 // A probe moves the window itself by its factor, so a window
                 // held at its floor (a tiny bandwidth-delay product) still
                 // probes.
-                let window = match self.gain.probe() {
-                    Some(true) => (settled * STEP).ceil(),
-                    Some(false) => (settled / STEP).floor(),
+                let window = match self.gain.probe_factor() {
+                    Some(f) if f > 1.0 => (settled * f).ceil(),
+                    Some(f) => (settled * f).floor(),
                     None => settled,
                 };
                 window.clamp(floor, max) as u32
             }
-            _ => self.initial_window.min(self.max_window),
+            None => self.initial_window.min(self.max_window),
         }
+    }
+
+    /// The bandwidth-delay product in requests of the mean size, as the
+    /// estimator measures it now; `None` before the first round.
+    fn live_bdp(&self) -> Option<f64> {
+        let (bw, base_ns) = (self.rate.max_bps()?, self.mean_base_ns?);
+        Some(bw * base_ns / NANOS_PER_SEC as f64 / self.mean_io_bytes.max(1.0))
     }
 
     /// The estimator's bottleneck bandwidth (bytes per second, the largest
@@ -312,12 +324,31 @@ impl CreditGate {
             .on_completion(now, bytes, in_flight.saturating_sub(1))
         {
             self.gain.on_round(now, self.rate.delivered_bytes(), bound);
+            // A probe is an experiment at a fixed window: the probe's own
+            // rounds must not move the bandwidth-delay product that the
+            // cruise after it runs at. With it live, the maximum filter
+            // (ten rounds) carried an up probe's higher rate into that
+            // cruise and a down probe's lower one, so the comparison read
+            // up probes as unpaid and down probes as free, and the gain
+            // drifted down on a path where it paid (docs/benchmarks.md,
+            // "A young volume's climb").
+            if !self.gain.comparing() {
+                self.held_bdp = None;
+            } else if self.held_bdp.is_none() {
+                self.held_bdp = self.live_bdp();
+            }
         }
     }
 
     /// The gain the estimate settled on (without a probe's factor).
     pub fn gain(&self) -> f64 {
         self.gain.gain()
+    }
+
+    /// The gain probe's decisions so far, and whether it is still young
+    /// (stepping 2.25×).
+    pub fn gain_probes(&self) -> (ProbeCounts, bool) {
+        (self.gain.counts(), self.gain.in_startup())
     }
 
     /// The current window and where it comes from (`u32::MAX` when off).
@@ -404,6 +435,7 @@ fn admits(in_flight: u32, window: u32) -> bool {
 mod tests {
     use super::*;
     use crate::credit::encode_credit_dw1;
+    use crate::gain_probe::STEP;
     use proptest::prelude::*;
 
     fn gate(mode: CreditMode) -> CreditGate {
@@ -680,7 +712,8 @@ mod tests {
         p.run(&mut g, 256, &mut now, 10 * NANOS_PER_SEC);
         let st = p.run(&mut g, 256, &mut now, 30 * NANOS_PER_SEC);
         let bdp = base / service;
-        // Probes up (gain × 1.5) now and then, and back.
+        // Probes up (gain × 1.5 once young, its first probes 2.25× within
+        // the warm-up) now and then, and back.
         assert!(st.window_max <= (2.0 * STEP) as u32 * bdp as u32, "{st:?}");
         assert!(st.mean_in_flight() <= 2.0 * bdp as f64 + 0.5, "{st:?}");
         assert!(st.mean_latency_ns() <= 2 * base + service, "{st:?}");
@@ -786,6 +819,53 @@ mod tests {
             probed >= 0.9 * ungated,
             "probed: {probed}/s of {ungated} (gain {gain})"
         );
+    }
+
+    /// A probe compares the window × its factor with the window around it
+    /// on a path whose rate rises with requests in flight (a batch of `b`
+    /// takes 2 ms + 0.2 ms × b, 256 offered: every round bound). The
+    /// cruise measured after a probe must run at the window the cruise
+    /// before it ended with: were the bandwidth-delay product live, the
+    /// probe's higher rounds would raise it there and the comparison would
+    /// read a paid probe as unpaid.
+    #[test]
+    fn the_cruise_after_a_probe_runs_at_the_window_before_it() {
+        let mut g = gate(CreditMode::Estimate);
+        let (mut now, mut queued) = (0u64, Vec::new());
+        let mut in_flight = 0u32;
+        // The window of the last cruise round before a probe, and the
+        // windows seen in the cruise after it.
+        let (mut before, mut after) = (None, Vec::new());
+        let mut compared = 0;
+        while now < 20 * NANOS_PER_SEC {
+            while in_flight < 256 && g.try_acquire() {
+                queued.push(now);
+                in_flight += 1;
+            }
+            let batch = std::mem::take(&mut queued);
+            now += 2 * MS + 200_000 * batch.len() as u64;
+            for sent in batch {
+                g.on_completion(Nanos(now), IoKind::Read, 4096, now - sent, Some(0));
+                in_flight -= 1;
+                if g.probing() {
+                    continue;
+                }
+                let w = g.window().0;
+                match (g.gain.comparing(), g.gain.probe_factor()) {
+                    (false, _) => {
+                        if let Some(b) = before.filter(|_| !after.is_empty()) {
+                            assert!(after.iter().all(|&a| a == b), "{b} then {after:?}");
+                            compared += 1;
+                        }
+                        after.clear();
+                        before = Some(w);
+                    }
+                    (true, None) => after.push(w),
+                    (true, Some(_)) => {}
+                }
+            }
+        }
+        assert!(compared >= 3, "{compared} probes compared");
     }
 
     /// From an application-limited start (QD 1 for seconds: the measured

@@ -235,6 +235,35 @@ fn qos(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
         q.estimate_base_us as f64 / 1e6,
     );
     e.gauge(
+        "ublk_nvmf_estimate_gain",
+        "The gain the estimate settled on, in bandwidth-delay products (0 before one was computed).",
+        &[v],
+        q.estimate_gain_x100 as f64 / 100.0,
+    );
+    for (dir, outcome, n) in [
+        ("up", "kept", q.estimate_probes_up_kept),
+        (
+            "up",
+            "dropped",
+            q.estimate_probes_up
+                .saturating_sub(q.estimate_probes_up_kept),
+        ),
+        ("down", "kept", q.estimate_probes_down_kept),
+        (
+            "down",
+            "dropped",
+            q.estimate_probes_down
+                .saturating_sub(q.estimate_probes_down_kept),
+        ),
+    ] {
+        e.counter(
+            "ublk_nvmf_estimate_gain_probes_total",
+            "Gain probes measured, by direction and whether the gain moved.",
+            &[v, ("direction", dir), ("outcome", outcome)],
+            n,
+        );
+    }
+    e.gauge(
         "ublk_nvmf_qos_in_flight",
         "Requests admitted by the credit gate and not yet completed.",
         &[v],

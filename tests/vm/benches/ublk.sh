@@ -643,8 +643,10 @@ fi
 # volume ublka, at the default, runs one fio job (BENCH_CLIMB_JOB: rw,bs,
 # qd; default read,128k,32) for BENCH_CLIMB_SECS (60) s, and every 2 s a
 # "BENCH climb" line gives the time since fio started, the window, the
-# gain, and the share of fio's requests the gate held in those 2 s (its
-# wait total over requests x 2 s, as in gate_line). Compare a change of
+# gain, the share of fio's requests the gate held in those 2 s (its
+# wait total over requests x 2 s, as in gate_line), and the gain probe's
+# decisions so far (up and down probes kept/measured, cruises undecided,
+# whether it is still young). Compare a change of
 # the gain's start or climb by the seconds to a share near 0.
 if [ "$ONLY" = climb ]; then
     _spec=${BENCH_CLIMB_JOB:-read,128k,32}
@@ -666,9 +668,11 @@ if [ "$ONLY" = climb ]; then
         _tn=$(uptime_ms)
         printf '%s %s\n' "$_prev" "$_now" | awk -v t=$((_tn - _t0)) -v dt=$((_tn - _tp)) -v n="$_qd" \
             -v w="$(echo "$_st" | sed -n 's/.*(window \([0-9]*\) from.*/\1/p' | head -n 1)" \
-            -v g="$(echo "$_st" | sed -n 's/.* base, gain \([0-9.]*\),.*/\1/p' | head -n 1)" '
-            NF == 6 && dt > 0 { printf "BENCH climb t_ms=%d window=%s gain=%s admitted=%d held=%d gate_share=%.3f\n",
-                t, w, (g == "") ? "-" : g, $4 - $1, $5 - $2, ($6 - $3) / (n * dt * 1000) }' | tee -a "$FIO_BENCH_OUT"
+            -v g="$(echo "$_st" | sed -n 's/.* base, gain \([0-9.]*\),.*/\1/p' | head -n 1)" \
+            -v pr="$(echo "$_st" | sed -n 's/.* probes kept up \([0-9]*\/[0-9]*\) down \([0-9]*\/[0-9]*\), \([0-9]*\) undecided\(, young\)\{0,1\},.*/probes_up=\1 probes_down=\2 undecided=\3 young=\4/p' | head -n 1)" '
+            NF == 6 && dt > 0 { sub(/young=, young/, "young=yes", pr); sub(/young=$/, "young=no", pr)
+                printf "BENCH climb t_ms=%d window=%s gain=%s admitted=%d held=%d gate_share=%.3f %s\n",
+                t, w, (g == "") ? "-" : g, $4 - $1, $5 - $2, ($6 - $3) / (n * dt * 1000), pr }' | tee -a "$FIO_BENCH_OUT"
         _prev=$_now _tp=$_tn
     done
     wait $_fp

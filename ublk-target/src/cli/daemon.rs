@@ -468,10 +468,16 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
         .map_or_else(|| "none".to_owned(), |c| c.to_string());
     let estimate = if q.window_source == "estimate" && q.estimate_bandwidth_bps > 0 {
         format!(
-            ": {:.1} MiB/s x {} us base, gain {:.1}",
+            ": {:.1} MiB/s x {} us base, gain {:.1}, probes kept up {}/{} down {}/{}, {} undecided{}",
             q.estimate_bandwidth_bps as f64 / f64::from(1 << 20),
             q.estimate_base_us,
-            q.estimate_gain_x100 as f64 / 100.0
+            q.estimate_gain_x100 as f64 / 100.0,
+            q.estimate_probes_up_kept,
+            q.estimate_probes_up,
+            q.estimate_probes_down_kept,
+            q.estimate_probes_down,
+            q.estimate_probes_undecided,
+            if q.estimate_young { ", young" } else { "" }
         )
     } else {
         String::new()

@@ -248,6 +248,10 @@ struct QosCounters {
     estimate_base_ns: AtomicU64,
     /// The gain the estimate settled on there, in hundredths.
     estimate_gain_x100: AtomicU64,
+    /// Its gain probe's decisions there: up measured, up kept, down
+    /// measured, down kept, cruises undecided; and whether it is young.
+    estimate_probes: [AtomicU64; 5],
+    estimate_young: AtomicBool,
     last_credit: AtomicU32,
     credit_seen: AtomicBool,
     in_flight: AtomicU64,
@@ -302,6 +306,27 @@ pub struct QosSnapshot {
     /// hundredths (450: 4.5x the bandwidth-delay product).
     #[serde(default)]
     pub estimate_gain_x100: u64,
+    /// The gain probe's decisions (docs/architecture.md, the credit gate):
+    /// up probes measured, and how many were kept.
+    #[serde(default)]
+    pub estimate_probes_up: u64,
+    /// Up probes that delivered enough more to be kept.
+    #[serde(default)]
+    pub estimate_probes_up_kept: u64,
+    /// Down probes measured.
+    #[serde(default)]
+    pub estimate_probes_down: u64,
+    /// Down probes kept (they lost too little to matter).
+    #[serde(default)]
+    pub estimate_probes_down_kept: u64,
+    /// Cruises that decided nothing: the application did not fill the
+    /// window in all their measured rounds.
+    #[serde(default)]
+    pub estimate_probes_undecided: u64,
+    /// The probe is still young: no up probe has failed yet, and up
+    /// probes step 2.25x instead of 1.5x.
+    #[serde(default)]
+    pub estimate_young: bool,
     /// The credit total last reported by the target, if any.
     pub target_credit: Option<u32>,
     /// Admitted and not yet completed (all queues).
@@ -420,6 +445,12 @@ impl VolumeQos {
             estimate_bandwidth_bps: g(&s.estimate_bps),
             estimate_base_us: g(&s.estimate_base_ns) / 1000,
             estimate_gain_x100: g(&s.estimate_gain_x100),
+            estimate_probes_up: g(&s.estimate_probes[0]),
+            estimate_probes_up_kept: g(&s.estimate_probes[1]),
+            estimate_probes_down: g(&s.estimate_probes[2]),
+            estimate_probes_down_kept: g(&s.estimate_probes[3]),
+            estimate_probes_undecided: g(&s.estimate_probes[4]),
+            estimate_young: s.estimate_young.load(Ordering::Relaxed),
             target_credit: s
                 .credit_seen
                 .load(Ordering::Relaxed)
@@ -850,6 +881,17 @@ impl<T> QueueQos<T> {
                 s.estimate_base_ns.store(base, Ordering::Relaxed);
                 s.estimate_gain_x100
                     .store((g.gain() * 100.0).round() as u64, Ordering::Relaxed);
+                let (c, young) = g.gain_probes();
+                for (a, v) in s.estimate_probes.iter().zip([
+                    c.up,
+                    c.up_kept,
+                    c.down,
+                    c.down_kept,
+                    c.undecided,
+                ]) {
+                    a.store(v, Ordering::Relaxed);
+                }
+                s.estimate_young.store(young, Ordering::Relaxed);
             }
         }
     }
@@ -1064,6 +1106,58 @@ mod tests {
         assert_eq!(snap.wait_us_total, 6_500);
         assert_eq!(snap.wait_us_max, 4_000);
         assert_eq!(snap.wait_us_mean, 6_500 / 3);
+    }
+
+    /// `status` shows what the gain probe decided, so that an operator can
+    /// tell a gain held low by a full path (unpaid up probes) from one no
+    /// workload ever tested (undecided cruises): the snapshot carries the
+    /// estimating gate's counts. Driven here by a closed loop of 256
+    /// requests on a path whose batch of `b` takes 2 ms + 0.2 ms x b.
+    #[test]
+    fn status_carries_the_gain_probes_decisions() {
+        let cfg = QosConfig {
+            credits: CreditMode::Estimate,
+            ..QosConfig::new()
+        };
+        let mut q = QueueQos::new(
+            Arc::new(VolumeQos::new(&cfg, 1)),
+            0,
+            ArbiterConfig::default(),
+        );
+        for i in 0..256u32 {
+            q.push(Nanos(0), i, LimitKind::Read, 4096, NvmeClass::High);
+        }
+        let mut now = 0u64;
+        while now < 20_000_000_000 {
+            let mut batch = Vec::new();
+            while let Some((tag, t)) = q.poll_admit(Nanos(now)) {
+                batch.push((tag, t));
+            }
+            now += 2_000_000 + 200_000 * batch.len() as u64;
+            for (tag, t) in batch {
+                // DW1 0: a completion of a target that sends no credits.
+                q.on_done(Nanos(now), t, Some(0));
+                q.push(Nanos(now), tag, LimitKind::Read, 4096, NvmeClass::High);
+            }
+        }
+        let snap = q.shared().snapshot();
+        let (c, young) = q.gates[0].gain_probes();
+        assert!(c.up >= 1, "{c:?}");
+        assert_eq!(
+            (
+                snap.estimate_probes_up,
+                snap.estimate_probes_up_kept,
+                snap.estimate_probes_down,
+                snap.estimate_probes_down_kept,
+                snap.estimate_probes_undecided,
+                snap.estimate_young,
+            ),
+            (c.up, c.up_kept, c.down, c.down_kept, c.undecided, young)
+        );
+        assert_eq!(
+            snap.estimate_gain_x100,
+            (q.gates[0].gain() * 100.0).round() as u64
+        );
     }
 
     /// Requests held for credits leave by class: under DRR 4:1 by bytes
