@@ -137,8 +137,7 @@ done
 
 # Per gain and round: throughput over credits off (pipeline jobs), reader
 # p99 and total over credits off (tenants); then the median over rounds.
-grep '^BENCH round=' "$FIO_BENCH_OUT" | awk -v gainlist="$GAINS" '
-    function kv(name, i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == name) return a[2] } return "" }
+grep '^BENCH round=' "$FIO_BENCH_OUT" | awk -v gainlist="$GAINS" "$AWK_STATS"'
     { r = kv("round"); g = kv("gain"); j = kv("job")
       if (j == "tenants") { v[r, g, "reader_p99"] = kv("reader_p99_us"); v[r, g, "total"] = kv("total_kibps") }
       else { v[r, g, j] = (j ~ /^4k/) ? kv("iops") : kv("mibps") }
@@ -149,8 +148,8 @@ grep '^BENCH round=' "$FIO_BENCH_OUT" | awk -v gainlist="$GAINS" '
         for (gi = 1; gi <= ng; gi++) for (ki = 1; ki <= nk; ki++) {
             g = gains[gi]; k = keys[ki]; n = 0
             for (r in rounds) if (v[r, "off", k] > 0) { n++; x[n] = v[r, g, k] / v[r, "off", k] }
-            for (i = 2; i <= n; i++) { t = x[i]; for (j = i - 1; j >= 1 && x[j] > t; j--) x[j + 1] = x[j]; x[j + 1] = t }
-            if (n > 0) printf "BENCH summary gain=%s ratio=%s/off median=%.3f min=%.3f max=%.3f rounds=%d\n", g, k, (n % 2) ? x[(n + 1) / 2] : (x[n / 2] + x[n / 2 + 1]) / 2, x[1], x[n], n
+            sort(x, n)
+            if (n > 0) printf "BENCH summary gain=%s ratio=%s/off median=%.3f min=%.3f max=%.3f rounds=%d\n", g, k, median(x, n), x[1], x[n], n
         }
     }'
 for v in $VOLUMES; do

@@ -586,7 +586,7 @@ interleave() {
         $(($(grep -c ' auto$' /tmp/il-switch.txt) * ISEG * 1000))
     # The switch times first (file 1), then fio's per-second log (file 2:
     # "ms, iops, direction, bs, offset").
-    awk -F', *' -v j="$_j" -v vol="$_v" -v segs="$ISEGS" -v seg="$ISEG" '
+    awk -F', *' -v j="$_j" -v vol="$_v" -v segs="$ISEGS" -v seg="$ISEG" "$AWK_STATS"'
         BEGIN { n = 0 }
         FNR == NR { split($0, a, " "); sw[n] = a[1] + 0; mode[n] = a[2]; n++; next }
         { if (!ended) { sw[n] = segs * seg * 1000; ended = 1 }
@@ -607,8 +607,7 @@ interleave() {
                 if (side <= 0 || r[k] <= 0) continue
                 v[++m] = (mode[k] == "auto") ? r[k] / side : side / r[k]
             }
-            for (i = 2; i <= m; i++) { x = v[i]; for (q = i - 1; q >= 1 && v[q] > x; q--) v[q + 1] = v[q]; v[q + 1] = x }
-            med = (m == 0) ? 0 : (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+            sort(v, m); med = median(v, m)
             list = ""; for (i = 1; i <= m; i++) list = list (i > 1 ? "," : "") sprintf("%.3f", v[i])
             printf "BENCH interleave job=%s vol=%s default_over_off=%.3f aba_median=%.3f aba_min=%.3f aba_max=%.3f aba_n=%d aba=%s\n",
                 j, vol, (na && no && so > 0) ? (sa / na) / (so / no) : 0, med, v[1], v[m], m, list }' \
@@ -623,15 +622,14 @@ if [ "$ONLY" = interleave ]; then
         interleave "$1" ublkb "$D_B" "$2" "$3" "$4" off
     done
     # Per job, both volumes' A-B-A ratios together.
-    grep '^BENCH interleave job=.* aba=' "$FIO_BENCH_OUT" | awk '
+    grep '^BENCH interleave job=.* aba=' "$FIO_BENCH_OUT" | awk "$AWK_STATS"'
         { for (i = 3; i <= NF; i++) { split($i, a, "="); f[a[1]] = a[2] }
           j = f["job"]; if (!(j in seen)) { seen[j] = 1; c[j] = 0; jobs[++nj] = j }
           k = split(f["aba"], xs, ","); for (i = 1; i <= k; i++) if (xs[i] != "") vals[j, ++c[j]] = xs[i] + 0 }
         END { for (y = 1; y <= nj; y++) { j = jobs[y]; m = c[j]
             if (m == 0) { printf "BENCH interleave summary job=%s aba_n=0\n", j; continue }
             for (i = 1; i <= m; i++) v[i] = vals[j, i]
-            for (i = 2; i <= m; i++) { x = v[i]; for (q = i - 1; q >= 1 && v[q] > x; q--) v[q + 1] = v[q]; v[q + 1] = x }
-            med = (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+            sort(v, m); med = median(v, m)
             printf "BENCH interleave summary job=%s aba_median=%.3f aba_min=%.3f aba_max=%.3f aba_n=%d goal=>=0.97 met=%s\n",
                 j, med, v[1], v[m], m, (med >= 0.97) ? "yes" : "no" } }' | tee -a "$FIO_BENCH_OUT"
 fi
@@ -705,11 +703,9 @@ grep '^BENCH gate round=' "$FIO_BENCH_OUT" | awk '
             b[1], b[2], n[k], ad[k], hd[k], (ad[k] > 0) ? 100 * hd[k] / ad[k] : 0, (hd[k] > 0) ? t[k] / hd[k] : 0,
             (rt[k] > 0) ? t[k] / rt[k] : 0, (rt[k] > 0) ? 1 - t[k] / rt[k] : 1, lo[k] } }'
 # The two tenants: default over off, per round, then median and spread.
-grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk '
-    function kv(name, i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == name) return a[2] } return "" }
-    function summary(name, goal, n, v, i, j, t, med) {
-        for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t }
-        med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk "$AWK_STATS"'
+    function summary(name, goal, n, v, med) {
+        sort(v, n); med = median(v, n)
         printf "BENCH summary job=two-tenants ratio=%s median=%.3f min=%.3f max=%.3f rounds=%d goal=%s met=%s\n",
             name, med, v[1], v[n], n, goal, (substr(goal, 1, 2) == "<=" ? (med <= substr(goal, 3) + 0) : (med >= substr(goal, 3) + 0)) ? "yes" : "no" }
     { r = kv("round"); m = kv("tenants"); p[r, m] = kv("reader_p99_us"); t[r, m] = kv("total_kibps")

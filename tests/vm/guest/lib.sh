@@ -233,6 +233,19 @@ fio_bench() {
     pass "fio bench $_label"
 }
 
+# AWK_STATS: awk functions the bench summaries share; put it before an
+# awk program (awk "$AWK_STATS"'...'):
+#   sort(v, n)     sorts v[1..n] ascending, in place (insertion sort: a
+#                  summary sorts a handful of rounds)
+#   median(v, n)   the median of a sorted v[1..n] (0 when n is 0)
+#   kv(name)       the value of the field name=value in the current line
+# Locals are extra parameters, so calling them leaves no global changed.
+AWK_STATS='
+function sort(v, n, i, j, t) { for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t } }
+function median(v, n) { return (n < 1) ? 0 : (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }
+function kv(name, i, a) { for (i = 1; i <= NF; i++) { split($i, a, "="); if (a[1] == name) return substr($i, length(name) + 2) } return "" }
+'
+
 # bench_ratios FILE KEY "A/B ..." [GOALS]: from FILE's lines
 #   BENCH round=R KEY=HOST job=JOB iops=N mibps=N ...
 # prints, for every job (in the order first seen) and every ratio A/B of
@@ -245,9 +258,7 @@ fio_bench() {
 # GOALS: whitespace-separated A/B:JOB:>=G or A/B:JOB:<=G; a goal is a
 # report line, never a check (met: the median meets it).
 bench_ratios() {
-    grep '^BENCH round=' "$1" | awk -v key="$2" -v pairs="$3" -v goals="${4:-}" '
-        function sort(v, n, i, j, t) { for (i = 2; i <= n; i++) { t = v[i]; for (j = i - 1; j >= 1 && v[j] > t; j--) v[j + 1] = v[j]; v[j + 1] = t } }
-        function median(v, n) { return (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }
+    grep '^BENCH round=' "$1" | awk -v key="$2" -v pairs="$3" -v goals="${4:-}" "$AWK_STATS"'
         {
             r = h = j = io = mb = ""
             for (i = 2; i <= NF; i++) {
