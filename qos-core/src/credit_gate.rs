@@ -331,7 +331,7 @@ impl CreditGate {
             // cruise and a down probe's lower one, so the comparison read
             // up probes as unpaid and down probes as free, and the gain
             // drifted down on a path where it paid (docs/benchmarks.md,
-            // "A young volume's climb").
+            // "A probe compared at a held window").
             if !self.gain.comparing() {
                 self.held_bdp = None;
             } else if self.held_bdp.is_none() {

@@ -47,15 +47,17 @@
 //! - **A young gate climbs in double steps.** Until its first probe that
 //!   is not kept (or the gain reaches `max`), an up probe and the gain it
 //!   keeps are `× STEP²` ([`STARTUP_STEP`]): the gain walks the same grid
-//!   (2, 4.5, 10.1, 16) in half the steps. Measured in the TCG guest
-//!   (docs/benchmarks.md, "A young volume's climb"): with `× STEP` alone a
-//!   fresh volume's 128k reads took ~11 s to open the window, since a
-//!   `× 1.5` step at the low end adds 10-20 % of throughput, too close to
-//!   the noise of a 12-round mean, so probes failed and backed off; a
-//!   `× 2.25` step shows twice that. A tenant beside a saturated device
+//!   (2, 4.5, 10.1, 16) in half the steps, and a step at the low end
+//!   shows about twice the throughput change over the same noise.
+//!   Measured in the TCG guest (docs/benchmarks.md, "A probe compared at
+//!   a held window; a young gate's double steps"): a fresh volume's 128k
+//!   reads reached gain 10 in a median 2.7 s over five runs, against
+//!   ~11 s before (one run, without this and without the gate's held
+//!   product during a comparison). A tenant beside a saturated device
 //!   pays one such probe (16 rounds at 2.25× its window) and then probes
-//!   as before. A BBR-STARTUP-like phase (a step per phase, no A-B-A)
-//!   was tried first and not kept (same section).
+//!   as before. Tried and not kept: a BBR-STARTUP-like phase (a step per
+//!   phase, no A-B-A; section "What the gate holds"), and measuring each
+//!   phase over at least 256 completions (slower: 7.2 s).
 //! - Decisions: STEP 1.5 (a probe adds half the window: a quarter of the
 //!   gain's range per step, and a reader beside a probing writer sees at
 //!   most 1.5× the queue for a probe's length); UP_GAIN 5 % and DOWN_LOSS
@@ -216,7 +218,7 @@ impl GainProbe {
 
     /// Whether a probe's comparison is under way: the probe, or the
     /// cruise measured right after it. The gate holds its bandwidth-delay
-    /// product fixed meanwhile (see [`CreditGate`](crate::credit_gate)).
+    /// product fixed meanwhile (see [`CreditGate`](crate::credit_gate::CreditGate)).
     pub fn comparing(&self) -> bool {
         matches!(self.phase, Phase::Probe { .. } | Phase::After { .. })
     }
