@@ -644,7 +644,9 @@ fi
 # gain, the share of fio's requests the gate held in those 2 s (its
 # wait total over requests x 2 s, as in gate_line), and the gain probe's
 # decisions so far (up and down probes kept/measured, cruises undecided,
-# whether it is still young). Compare a change of
+# whether it is still young), and the two halves of the bandwidth-delay
+# product behind the window (bandwidth, base latency). BENCH_CLIMB_EVERY
+# (2) sets the seconds between lines. Compare a change of
 # the gain's start or climb by the seconds to a share near 0.
 if [ "$ONLY" = climb ]; then
     _spec=${BENCH_CLIMB_JOB:-read,128k,32}
@@ -660,17 +662,18 @@ if [ "$ONLY" = climb ]; then
     _tp=$_t0
     _prev=$(gate_counts ublka)
     while kill -0 $_fp 2>/dev/null; do
-        sleep 2
+        sleep "${BENCH_CLIMB_EVERY:-2}"
         _st=$(ublk-nvmf status ublka 2>/dev/null)
         _now=$(gate_counts ublka)
         _tn=$(uptime_ms)
         printf '%s %s\n' "$_prev" "$_now" | awk -v t=$((_tn - _t0)) -v dt=$((_tn - _tp)) -v n="$_qd" \
             -v w="$(echo "$_st" | sed -n 's/.*(window \([0-9]*\) from.*/\1/p' | head -n 1)" \
             -v g="$(echo "$_st" | sed -n 's/.* base, gain \([0-9.]*\),.*/\1/p' | head -n 1)" \
+            -v bb="$(echo "$_st" | sed -n 's/.*from estimate: \([0-9.]*\) MiB\/s x \([0-9]*\) us base,.*/bw_mibps=\1 base_us=\2/p' | head -n 1)" \
             -v pr="$(echo "$_st" | sed -n 's/.* probes kept up \([0-9]*\/[0-9]*\) down \([0-9]*\/[0-9]*\), \([0-9]*\) undecided\(, young\)\{0,1\},.*/probes_up=\1 probes_down=\2 undecided=\3 young=\4/p' | head -n 1)" '
             NF == 6 && dt > 0 { sub(/young=, young/, "young=yes", pr); sub(/young=$/, "young=no", pr)
-                printf "BENCH climb t_ms=%d window=%s gain=%s admitted=%d held=%d gate_share=%.3f %s\n",
-                t, w, (g == "") ? "-" : g, $4 - $1, $5 - $2, ($6 - $3) / (n * dt * 1000), pr }' | tee -a "$FIO_BENCH_OUT"
+                printf "BENCH climb t_ms=%d window=%s gain=%s admitted=%d held=%d gate_share=%.3f %s %s\n",
+                t, w, (g == "") ? "-" : g, $4 - $1, $5 - $2, ($6 - $3) / (n * dt * 1000), pr, bb }' | tee -a "$FIO_BENCH_OUT"
         _prev=$_now _tp=$_tn
     done
     wait $_fp
