@@ -105,11 +105,10 @@ pub type UringOp = fn(io_uring::squeue::Entry) -> Pin<Box<dyn Future<Output = i3
 pub type ChainOp = fn(&[io_uring::squeue::Entry]) -> Pin<Box<dyn Future<Output = Vec<i32>>>>;
 
 /// Write data in our memory of at least this many bytes is sent by
-/// reference (`vmsplice` into a pipe, `Splice` to the socket: see
-/// [`SendPlan`]) rather than copied by the socket into pages it allocates
-/// and the kernel zeroes. Below it the two system calls' worth of work
-/// (and the `Splice`'s trip through an io_uring worker) costs more than
-/// the copy.
+/// reference (`vmsplice` into a pipe, `splice` to the socket: see
+/// [`SendPlan`] and `send_inline`) rather than copied by the socket into
+/// pages it allocates and the kernel zeroes. Below it the two system
+/// calls' worth of work costs more than the copy.
 pub const SPLICE_MIN_BYTES: usize = 32 * 1024;
 
 /// The pipe a path's spliced sends go through: room for a whole send
@@ -448,6 +447,16 @@ impl Engine {
         };
         match connect_blocking(target.addr, cfg) {
             Ok((sock, queue)) => {
+                // Spliced sends run from this thread (`send_inline`) and
+                // must not block it on a full socket: a splice to a
+                // socket waits unless the socket itself is non-blocking.
+                // The ring's own operations on it are unaffected (a
+                // socket supports non-blocking issue, so io_uring polls
+                // and retries as before; an -EAGAIN that does reach a
+                // CQE is retried by every task).
+                if let Err(e) = sock.set_nonblocking(true) {
+                    log::warn!("tx: socket stays blocking, sends go through the ring: {e}");
+                }
                 path.epoch = epoch;
                 path.generation += 1;
                 let held = std::mem::take(&mut path.held);
@@ -1640,6 +1649,12 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
 /// carries is what `poll_transmit` would have copied, byte for byte
 /// (`Queue::poll_transmit_placed`): the wire does not change.
 ///
+/// A send with `Splice`s goes out from this thread (`send_inline`:
+/// `sendmsg` and `splice(2)` on the non-blocking socket, a ring poll when
+/// it is full), since the ring runs every splice on a worker thread; the
+/// ring's chain serves the others, and a socket that could not be made
+/// non-blocking.
+///
 /// A `Splice` ([`SendPlan`], pieces of at least [`SPLICE_MIN_BYTES`] in
 /// our memory) hands the socket our pages by reference, as the kernel
 /// host hands it a bio's: the socket reads them until the peer has taken
@@ -1678,6 +1693,31 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
         .await;
         engine.borrow_mut().tx_gather(path, buf, placed);
         plan.build(buf, placed, splice_min);
+        if plan.segs.iter().any(|s| matches!(s, Seg::Splice { .. })) && nonblocking(fd) {
+            if pipe.is_none() {
+                pipe = SplicePipe::new()
+                    .map_err(|e| log::warn!("tx: no pipe for spliced sends: errno {}", -e))
+                    .ok();
+            }
+            if let Some(p) = pipe.as_ref() {
+                let mut spliced = 0u64;
+                let res = send_inline(plan, p, fd, chain, &mut spliced).await;
+                if spliced > 0 {
+                    engine
+                        .borrow()
+                        .stats
+                        .spliced
+                        .fetch_add(spliced, Ordering::Relaxed);
+                }
+                if let Err(e) = res {
+                    // What the pipe still holds is the failed send's.
+                    pipe = None;
+                    engine.borrow_mut().on_socket_error(path, generation, e);
+                }
+                engine.borrow_mut().on_sent(path, placed);
+                continue;
+            }
+        }
         while !plan.is_done() {
             let mut n = plan.pending().len().min(MAX_CHAIN);
             if plan.pending()[..n]
@@ -1791,6 +1831,127 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
         }
         engine.borrow_mut().on_sent(path, placed);
     }
+}
+
+/// Whether `fd` is non-blocking (`O_NONBLOCK`), as `connect` leaves a
+/// path's socket unless that was refused.
+fn nonblocking(fd: i32) -> bool {
+    // SAFETY: F_GETFL only reads the descriptor's flags.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+/// The result of a system call as a CQE would carry it: what it returned,
+/// or the negative errno.
+fn sys_res(r: isize) -> i32 {
+    if r >= 0 {
+        r.min(i32::MAX as isize) as i32
+    } else {
+        -std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    }
+}
+
+/// Send `plan` from this thread: its `SendMsg` runs as `sendmsg` and its
+/// `Splice`s as `splice(2)` from the pipe to the (non-blocking) socket;
+/// a `WriteFixed` (pages only the ring can name) still goes through the
+/// ring. When the socket is full, an io_uring poll waits for room.
+///
+/// Why not the ring's `Splice`: io_uring never issues a splice inline
+/// (`io_splice` refuses a non-blocking issue), so each one wakes an
+/// io-wq worker thread, a wake-up and two context switches per send
+/// that cost what splicing saves (docs/benchmarks.md, "Which connection
+/// loses ..."). A `splice(2)` from the queue thread does the same work in
+/// one system call. `spliced` counts the bytes that went by reference.
+async fn send_inline(
+    plan: &mut SendPlan,
+    pipe: &SplicePipe,
+    fd: i32,
+    chain: ChainOp,
+    spliced: &mut u64,
+) -> Result<(), i32> {
+    while !plan.is_done() {
+        let more_after = plan.pending().len() > 1;
+        let r = match plan.pending()[0] {
+            Seg::Msg { first, count } => {
+                // SAFETY: an all-zero msghdr is valid (no name, no control
+                // data); its iovecs point into the send buffer and the
+                // tags' pinned buffers (see `tx_task`), alive for the call.
+                let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+                m.msg_iov = plan.iov[first..].as_ptr() as *mut libc::iovec;
+                m.msg_iovlen = count as _;
+                let more = if more_after { libc::MSG_MORE } else { 0 };
+                // SAFETY: as above.
+                sys_res(unsafe {
+                    libc::sendmsg(fd, &m, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | more)
+                })
+            }
+            Seg::Splice { .. } => {
+                plan.fill_pipe(1, |ptr, len| pipe.vmsplice(ptr, len))?;
+                let Seg::Splice { queued, len, .. } = plan.pending()[0] else {
+                    unreachable!("the front segment is this splice");
+                };
+                // More follows this call if the piece is not all in the
+                // pipe yet, as with MSG_MORE.
+                let more = if more_after || queued < len {
+                    libc::SPLICE_F_MORE
+                } else {
+                    0
+                };
+                // SAFETY: plain descriptors; the pipe holds references to
+                // pinned pages (see `tx_task`).
+                let r = sys_res(unsafe {
+                    libc::splice(
+                        pipe.read_fd(),
+                        std::ptr::null_mut(),
+                        fd,
+                        std::ptr::null_mut(),
+                        queued as usize,
+                        libc::SPLICE_F_NONBLOCK | more,
+                    )
+                });
+                if r > 0 {
+                    *spliced += r as u64;
+                }
+                r
+            }
+            Seg::Fixed { tag, offset, len } => {
+                let sqe = io_uring::opcode::WriteFixed::new(
+                    io_uring::types::Fd(fd),
+                    offset as usize as *const u8,
+                    len,
+                    tag,
+                )
+                .build();
+                chain(&[sqe])
+                    .await
+                    .first()
+                    .copied()
+                    .unwrap_or(-libc::ECANCELED)
+            }
+        };
+        match r {
+            r if r == -libc::EAGAIN => {
+                let sqe =
+                    io_uring::opcode::PollAdd::new(io_uring::types::Fd(fd), libc::POLLOUT as u32)
+                        .build();
+                let p = chain(&[sqe])
+                    .await
+                    .first()
+                    .copied()
+                    .unwrap_or(-libc::ECANCELED);
+                if p < 0 && p != -libc::EINTR {
+                    return Err(p);
+                }
+            }
+            r if r == -libc::EINTR => {}
+            // Nothing moved though something was due: the peer is gone.
+            0 => return Err(-libc::EPIPE),
+            r => plan.complete(&[r])?,
+        }
+    }
+    Ok(())
 }
 
 /// The housekeeping task (runs for the queue thread's lifetime).
@@ -2073,6 +2234,159 @@ mod tests {
         let mut got = Vec::new();
         rx.read_to_end(&mut got).unwrap();
         assert_eq!(got, data);
+    }
+
+    thread_local! {
+        static RING: RefCell<io_uring::IoUring> =
+            RefCell::new(io_uring::IoUring::new(8).expect("io_uring"));
+    }
+
+    /// A [`ChainOp`] on a ring of the test's own, waiting for the CQEs
+    /// before it returns (so its future is ready at once).
+    fn ring_chain(sqes: &[io_uring::squeue::Entry]) -> Pin<Box<dyn Future<Output = Vec<i32>>>> {
+        let res = RING.with(|r| {
+            let mut ring = r.borrow_mut();
+            for (i, sqe) in sqes.iter().enumerate() {
+                let mut e = sqe.clone().user_data(i as u64);
+                if i + 1 < sqes.len() {
+                    e = e.flags(io_uring::squeue::Flags::IO_LINK);
+                }
+                // SAFETY: what the entries point to outlives the wait.
+                unsafe { ring.submission().push(&e).expect("room") };
+            }
+            ring.submit_and_wait(sqes.len()).expect("submit");
+            let mut res = vec![0; sqes.len()];
+            for c in ring.completion() {
+                res[c.user_data() as usize] = c.result();
+            }
+            res
+        });
+        Box::pin(std::future::ready(res))
+    }
+
+    /// Polls `f` to its end: every operation of [`ring_chain`] is ready
+    /// when asked.
+    fn run_ready<T>(f: impl Future<Output = T>) -> T {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("a ready ring never pends"),
+        }
+    }
+
+    /// `send_inline` against a real socket that fills: headers and
+    /// pieces of several MiB go out in order, through partial splices,
+    /// EAGAINs and waits for room, while the peer reads slowly.
+    #[test]
+    fn an_inline_send_carries_every_byte_through_a_full_socket() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut rx, _) = l.accept().unwrap();
+        tx.set_nonblocking(true).unwrap();
+        assert!(nonblocking(tx.as_raw_fd()));
+        let buf: Vec<u8> = (0..3000u32).map(|i| (i % 241) as u8).collect();
+        let pieces: Vec<Vec<u8>> = (0..6u32)
+            .map(|k| {
+                (0..(700_000 + 90_001 * k))
+                    .map(|i| (i.wrapping_mul(7) ^ k) as u8)
+                    .collect()
+            })
+            .collect();
+        let placed: Vec<Placed> = pieces
+            .iter()
+            .enumerate()
+            .map(|(k, d)| piece(400 * (k + 1), d, k as u16, None))
+            .collect();
+        let mut want = Vec::new();
+        splice(&buf, &placed, false, |run| {
+            let v = match run {
+                Run::Mem(v) | Run::Piece(v) => v,
+                Run::Fixed { .. } => unreachable!("no piece is in a request"),
+            };
+            // SAFETY: the iovecs point into `buf` and `pieces`.
+            want.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+            });
+        });
+        let mut plan = SendPlan::default();
+        plan.build(&buf, &placed, SPLICE_MIN_BYTES);
+        assert!(plan.segs.iter().any(|s| matches!(s, Seg::Splice { .. })));
+        let total = want.len();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut chunk = vec![0u8; 16 * 1024];
+            while got.len() < total {
+                let n = rx.read(&mut chunk).unwrap();
+                assert!(n > 0, "EOF after {} bytes", got.len());
+                got.extend_from_slice(&chunk[..n]);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            got
+        });
+        let pipe = SplicePipe::new().unwrap();
+        let mut spliced = 0;
+        run_ready(send_inline(
+            &mut plan,
+            &pipe,
+            tx.as_raw_fd(),
+            ring_chain,
+            &mut spliced,
+        ))
+        .unwrap();
+        assert!(plan.is_done());
+        let got = reader.join().unwrap();
+        assert_eq!(got.len(), want.len());
+        assert!(got == want, "the bytes arrived out of order");
+        let pieces_len: usize = pieces.iter().map(Vec::len).sum();
+        assert_eq!(
+            spliced as usize, pieces_len,
+            "every piece went by reference"
+        );
+    }
+
+    /// An inline send to a socket whose peer is gone fails with the
+    /// socket's error, not a hang.
+    #[test]
+    fn an_inline_send_to_a_closed_peer_fails() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        tx.set_nonblocking(true).unwrap();
+        // SAFETY: SO_LINGER 0 makes the close a reset.
+        unsafe {
+            let lg = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            libc::setsockopt(
+                rx.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                &lg as *const libc::linger as *const libc::c_void,
+                std::mem::size_of::<libc::linger>() as u32,
+            );
+        }
+        drop(rx);
+        std::thread::sleep(Duration::from_millis(20));
+        let buf = vec![1u8; 100];
+        let data = vec![2u8; 4 << 20];
+        let placed = [piece(50, &data, 0, None)];
+        let mut plan = SendPlan::default();
+        plan.build(&buf, &placed, SPLICE_MIN_BYTES);
+        let pipe = SplicePipe::new().unwrap();
+        let mut spliced = 0;
+        let r = run_ready(send_inline(
+            &mut plan,
+            &pipe,
+            tx.as_raw_fd(),
+            ring_chain,
+            &mut spliced,
+        ));
+        assert!(
+            matches!(r, Err(e) if e == -libc::ECONNRESET || e == -libc::EPIPE),
+            "{r:?}"
+        );
     }
 
     /// An aborted connection sends nothing more: the bytes still queued
