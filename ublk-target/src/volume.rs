@@ -61,7 +61,8 @@ pub struct Stats {
     /// tag's buffer first, and the send splices large pieces of it
     /// (`engine::SendPlan`). A run-time setting (`set NAME
     /// write_pages_min=SIZE`, `max` for never), not a counter: 0 here
-    /// means the default, [`crate::io::ublk::WRITE_FIXED_MIN_BYTES`].
+    /// means the default, [`crate::io::ublk::WRITE_FIXED_MIN_BYTES`]
+    /// (never).
     pub write_pages_min: AtomicU32,
     /// Zero copy: read bytes received straight into the request's pages.
     pub zc_read_direct: AtomicU64,

@@ -25,10 +25,11 @@
 #                     one-queue jobs, to see what zero copy changes
 # BENCH_Q2=1 runs the one-job jobs on the queues = 2 volumes too (the
 # kernel host has one I/O queue per vCPU).
-#   ublk-spliced      with BENCH_SPLICE=1, write jobs only: both volumes
-#                     at the default but with write_pages_min=max (each
-#                     write read into our buffer, large pieces spliced to
-#                     the socket), to A/B how zero copy sends large writes
+#   ublk-fixed        with BENCH_FIXED=1, write jobs only: both volumes
+#                     at the default but with write_pages_min=32k (a
+#                     large write sent from the request's pages with
+#                     WRITE_FIXED instead of read into our buffer and
+#                     spliced), to A/B how zero copy sends large writes
 # The two ublk modes are not two volumes but two volumes in both modes:
 # volumes `ublka` and `ublkb` (`ublkq2a`/`ublkq2b` with queues = 2) each
 # run every job once with the default and once with credits off
@@ -118,7 +119,9 @@
 # share=... name=..." lines; and, counted over the same seconds by `perf
 # stat`, each process's system calls and context switches per second and
 # per fio I/O ("by=events comm=... event=... per_sec=... per_io=...").
-# BENCH_ONLY=profile runs only this part (with part 1's setup).
+# BENCH_ONLY=profile runs only this part (with part 1's setup); it
+# honours BENCH_JOBS, and with BENCH_FIXED=1 profiles the 128k write a
+# third time as host ublk-fixed-off (credits off, write_pages_min=32k).
 #
 # After every ublk run a "BENCH gate" line: what the credit gate held in
 # it and the lower bound on default/off that follows (gate_line), and
@@ -172,13 +175,15 @@ volume() {
 }
 
 # set_mode VOLUME auto|off: the volume's credit mode for the next run.
-# MODE is a credit mode, or `spliced`: the default credits with every
-# zero-copy write read into our buffer and its data spliced to the socket
-# (write_pages_min=max) instead of sent from the request's pages
-# (BENCH_SPLICE=1); every other mode sets the default, 32k.
+# MODE is a credit mode, or `fixed`: the default credits with a large
+# zero-copy write sent from the request's pages (write_pages_min=32k)
+# instead of read into our buffer and spliced (BENCH_FIXED=1); `fixed-off`
+# the same with credits off (profiles); every other mode sets the
+# default, max.
 set_mode() {
-    _c=$2 _p=32k
-    [ "$2" = spliced ] && _c=auto _p=max
+    _c=$2 _p=max
+    [ "$2" = fixed ] && _c=auto _p=32k
+    [ "$2" = fixed-off ] && _c=off _p=32k
     _o=$(ublk-nvmf set "$1" credits="$_c" write_pages_min="$_p" 2>&1)
     case "$_o" in
     credits="$_c"*) ;;
@@ -248,8 +253,8 @@ matrix_job() {
     _hosts="ublk-a=$_va:auto:$_a ublk-credits-off-b=$_vb:off:$_b kernel=::$KDEV"
     _hosts="$_hosts ublk-b=$_vb:auto:$_b ublk-credits-off-a=$_va:off:$_a"
     [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _hosts="$_hosts ublk-copy=::$D_COPY"
-    case "${BENCH_SPLICE:-}:$_rw" in
-    1:*write) _hosts="$_hosts ublk-spliced-a=$_va:spliced:$_a ublk-spliced-b=$_vb:spliced:$_b" ;;
+    case "${BENCH_FIXED:-}:$_rw" in
+    1:*write) _hosts="$_hosts ublk-fixed-a=$_va:fixed:$_a ublk-fixed-b=$_vb:fixed:$_b" ;;
     esac
     [ $((_r % 2)) -eq 0 ] && _hosts=$(printf '%s\n' $_hosts | tac | tr '\n' ' ')
     for _h in $_hosts; do
@@ -269,7 +274,7 @@ matrix_job() {
             log "round $_r $_j, $_vol after: $(ublk-nvmf status "$_vol" 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
         fi
     done
-    for _m in ublk ublk-credits-off ublk-spliced; do
+    for _m in ublk ublk-credits-off ublk-fixed; do
         # sqrt by Newton: the guest's busybox awk has no math functions.
         awk -v r="$_r" -v j="$_j" -v m="$_m" '
             function root(x, y, i) { if (x <= 0) return 0; y = x; for (i = 0; i < 80; i++) y = (y + x / y) / 2; return y }
@@ -514,8 +519,14 @@ if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; the
     require_cmd perf || exit 1
     for j in "128k-read-qd32 read 128k" "128k-write-qd32 write 128k" "4k-randread-qd32 randread 4k"; do
         set -- $j
+        case ",${BENCH_JOBS:-$1}," in *",$1,"*) ;; *) continue ;; esac
         set_mode ublka off || exit 1
         profile ublk-credits-off "$1" "$D_A" "$2" "$3"
+        # BENCH_FIXED=1: the write also sent from the request's pages.
+        if [ -n "${BENCH_FIXED:-}" ] && [ "$2" = write ]; then
+            set_mode ublka fixed-off || exit 1
+            profile ublk-fixed-off "$1" "$D_A" "$2" "$3"
+        fi
         profile kernel "$1" "$KDEV" "$2" "$3"
     done
 fi
@@ -691,7 +702,7 @@ ublk/kernel:4k-randread-2jobs-qd32:>=1.0"
 # same mode) and default/off on each volume alone.
 pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
 [ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
-[ -n "${BENCH_SPLICE:-}" ] && pairs="$pairs ublk-spliced/kernel ublk-spliced/ublk ublk-spliced-a/ublk-a ublk-spliced-b/ublk-b"
+[ -n "${BENCH_FIXED:-}" ] && pairs="$pairs ublk-fixed/kernel ublk/ublk-fixed ublk-a/ublk-fixed-a ublk-b/ublk-fixed-b"
 pairs="$pairs ublk-credits-off-a/ublk-credits-off-b ublk-a/ublk-credits-off-a ublk-b/ublk-credits-off-b"
 bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 # The gate per job and mode, over all rounds and both volumes: the share of

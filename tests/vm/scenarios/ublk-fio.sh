@@ -26,14 +26,15 @@ ublk_fio_matrix gimbal /dev/ublkb0
 fio_verify "gimbal: verify 128k sequential reads (data straight into the pages)" /dev/ublkb0 write 128k 32 32M
 check_output "zero copy: read data went straight into the request's pages" '"read_direct_bytes":[1-9]' ublk-nvmf status gfile --json
 check_output "zero copy: the rest of the read data was copied in" '"read_copied_bytes":[1-9]' ublk-nvmf status gfile --json
-check_output "zero copy: large writes were sent from the request's pages" '"write_direct_bytes":[1-9]' ublk-nvmf status gfile --json
+check_output "zero copy: large writes' data was spliced (the default)" '"spliced_bytes":[1-9]' ublk-nvmf status gfile --json
+check_output "zero copy: no write was sent from the request's pages by default" '"write_direct_bytes":0[,}]' ublk-nvmf status gfile --json
 # The other way zero copy can send a large write, switched at run time:
-# read into our buffer, its pieces spliced to the socket.
-check_output "set write_pages_min=max at run time" "^write_pages_min=4294967295$" ublk-nvmf set gfile write_pages_min=max
+# from the request's registered pages (WRITE_FIXED), never in our memory.
+check_output "set write_pages_min=32k at run time" "^write_pages_min=32768$" ublk-nvmf set gfile write_pages_min=32k
 check_output "set write_pages_min rejects a size under 4k" "4k" sh -c 'ublk-nvmf set gfile write_pages_min=512 2>&1; true'
-fio_verify "gimbal, zero copy, writes read in and spliced: verify" /dev/ublkb0 randwrite 128k 32 32M --bsrange=4k-256k
-check_output "zero copy: large writes' data was spliced" '"spliced_bytes":[1-9]' ublk-nvmf status gfile --json
-check_output "set write_pages_min back to the default" "^write_pages_min=32768$" ublk-nvmf set gfile write_pages_min=32k
+fio_verify "gimbal, zero copy, writes from the request's pages: verify" /dev/ublkb0 randwrite 128k 32 32M --bsrange=4k-256k
+check_output "zero copy: large writes were sent from the request's pages" '"write_direct_bytes":[1-9]' ublk-nvmf status gfile --json
+check_output "set write_pages_min back to the default (max)" "^write_pages_min=4294967295$" ublk-nvmf set gfile write_pages_min=max
 check "gimbal: blkdiscard the whole device" blkdiscard_real /dev/ublkb0
 check "gimbal: blkdiscard --zeroout 1 MiB" blkdiscard_real -z -o 1048576 -l 1048576 /dev/ublkb0
 ublk_fsync_heavy gimbal /dev/ublkb0

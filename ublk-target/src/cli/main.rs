@@ -112,9 +112,9 @@ enum Cmd {
     /// Change a running volume's QoS settings (no restart, no lost I/O):
     /// riops, wiops, rbps, wbps (0 or max: unlimited; k/m/g suffixes),
     /// their *_burst, credits=auto|target|estimate|off; and, with zero
-    /// copy, write_pages_min=SIZE|max: writes of at least SIZE (default
-    /// 32k) are sent from the request's pages, smaller ones read into our
-    /// buffer first (their large pieces spliced to the socket).
+    /// copy, write_pages_min=SIZE|max: writes of at least SIZE are sent
+    /// from the request's pages, smaller ones read into our buffer first
+    /// (their large pieces spliced to the socket); default max (never).
     Set {
         /// Volume name.
         name: String,

@@ -16,12 +16,15 @@
 //! straight into those pages (`engine::rx_task`: one copy, the kernel's,
 //! as the kernel's own NVMe/TCP host does; before, the data was received
 //! into the tag buffer and the driver copied it again). What is left in
-//! the tag buffer (read data that came with its headers, a small write's
-//! data to send) is moved with the user-copy interface: `pread`/`pwrite`
-//! on `/dev/ublkcN` at the request's position. A write of at least
-//! [`WRITE_FIXED_MIN_BYTES`] is sent from the request's pages
-//! (`WRITE_FIXED` on the socket per piece of data, linked between the
-//! headers' sends: `engine::SendPlan`), so its data is never in our memory.
+//! the tag buffer (read data that came with its headers, a write's data to
+//! send) is moved with the user-copy interface: `pread`/`pwrite` on
+//! `/dev/ublkcN` at the request's position; a write's large pieces are
+//! then spliced to the socket (`engine::send_inline`), which takes our
+//! pages by reference. Set lower than its default (never), the volume's
+//! `write_pages_min` ([`WRITE_FIXED_MIN_BYTES`]) sends writes of that
+//! size or more from the request's pages instead (`WRITE_FIXED` on the
+//! socket per piece of data, linked between the headers' sends:
+//! `engine::SendPlan`), never in our memory, but copied by the socket.
 //! Off where the volume asks for data digests (the digest needs the data
 //! in our memory) or the driver lacks it; `status` says which, with the
 //! bytes that went direct.
@@ -242,11 +245,18 @@ fn zero_copy_refused(
 /// Zero copy: writes of at least this many bytes are sent from the
 /// request's registered pages (`WriteFixed` per piece of data, linked
 /// between the headers' `SendMsg`s), never copied into our memory;
-/// smaller ones are `pread` into the tag's buffer and sent with the
-/// headers (more SQEs per byte would cost them more than the copy).
-/// The default of the volume's run-time `write_pages_min`
-/// ([`crate::volume::Stats::write_pages_min`]).
-pub const WRITE_FIXED_MIN_BYTES: u32 = 32 * 1024;
+/// smaller ones are `pread` into the tag's buffer and sent from there,
+/// their pieces of [`engine::SPLICE_MIN_BYTES`] or more spliced to the
+/// socket. The default of the volume's run-time `write_pages_min`
+/// ([`crate::volume::Stats::write_pages_min`]): never (`max`). A
+/// `WriteFixed` is a `write` to the socket, which copies the data into
+/// pages it allocates and the kernel zeroes (Debian's `init_on_alloc`);
+/// the `pread` copies without allocating and the splice hands the socket
+/// our pages, and in the VM bench that was 1.19x the 128k writes per
+/// second on the same volumes (docs/benchmarks.md, "Spliced from the
+/// queue thread"). `write_pages_min=32k` brings `WriteFixed` back, for a
+/// NIC where `SEND_ZC` could make it copy-free.
+pub const WRITE_FIXED_MIN_BYTES: u32 = u32::MAX;
 
 /// SQEs as one linked chain on the calling queue thread's ring
 /// ([`engine::ChainOp`]): as many as the submission queue has room for
