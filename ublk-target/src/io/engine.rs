@@ -1684,6 +1684,9 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
     let mut sqes = Vec::with_capacity(MAX_CHAIN);
     let splice_min = engine.borrow().splice_min;
     let mut pipe: Option<SplicePipe> = None;
+    // Whether connection `nonblocking_gen`'s socket is non-blocking, so
+    // its spliced sends can go out from this thread (`send_inline`).
+    let (mut nonblocking_gen, mut inline) = (None, false);
     loop {
         let (generation, fd) = WaitFor {
             engine: Rc::clone(&engine),
@@ -1693,7 +1696,13 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
         .await;
         engine.borrow_mut().tx_gather(path, buf, placed);
         plan.build(buf, placed, splice_min);
-        if plan.segs.iter().any(|s| matches!(s, Seg::Splice { .. })) && nonblocking(fd) {
+        let splices = plan.segs.iter().any(|s| matches!(s, Seg::Splice { .. }));
+        if splices && nonblocking_gen != Some(generation) {
+            // Once per connection, not per send: an fcntl is a system call.
+            nonblocking_gen = Some(generation);
+            inline = nonblocking(fd);
+        }
+        if splices && inline {
             if pipe.is_none() {
                 pipe = SplicePipe::new()
                     .map_err(|e| log::warn!("tx: no pipe for spliced sends: errno {}", -e))
