@@ -1703,12 +1703,7 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
             inline = nonblocking(fd);
         }
         if splices && inline {
-            if pipe.is_none() {
-                pipe = SplicePipe::new()
-                    .map_err(|e| log::warn!("tx: no pipe for spliced sends: errno {}", -e))
-                    .ok();
-            }
-            if let Some(p) = pipe.as_ref() {
+            if let Some(p) = ensure_pipe(&mut pipe) {
                 let mut spliced = 0u64;
                 let res = send_inline(plan, p, fd, chain, &mut spliced).await;
                 if spliced > 0 {
@@ -1733,14 +1728,7 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
                 .iter()
                 .any(|s| matches!(s, Seg::Splice { .. }))
             {
-                if pipe.is_none() {
-                    pipe = SplicePipe::new()
-                        .map_err(|e| {
-                            log::warn!("tx: no pipe for spliced sends: errno {}", -e);
-                        })
-                        .ok();
-                }
-                let filled = match pipe.as_ref() {
+                let filled = match ensure_pipe(&mut pipe) {
                     Some(p) => plan.fill_pipe(n, |ptr, len| p.vmsplice(ptr, len)),
                     None => Err(-libc::EMFILE),
                 };
@@ -1787,15 +1775,7 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
                             .flags((libc::MSG_NOSIGNAL | libc::MSG_WAITALL | more) as u32)
                             .build()
                     }
-                    // With a fixed buffer the address is the offset into
-                    // it; a socket has no file position (offset 0).
-                    Seg::Fixed { tag, offset, len } => io_uring::opcode::WriteFixed::new(
-                        io_uring::types::Fd(fd),
-                        offset as usize as *const u8,
-                        len,
-                        tag,
-                    )
-                    .build(),
+                    Seg::Fixed { tag, offset, len } => write_fixed_sqe(fd, tag, offset, len),
                     // From the pipe (no offset) to the socket; more
                     // follows as with MSG_MORE above.
                     Seg::Splice { queued, .. } => {
@@ -1840,6 +1820,31 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
         }
         engine.borrow_mut().on_sent(path, placed);
     }
+}
+
+/// The path's splice pipe, opened on first use (`None`, logged, when the
+/// system refuses one).
+fn ensure_pipe(pipe: &mut Option<SplicePipe>) -> Option<&SplicePipe> {
+    if pipe.is_none() {
+        *pipe = SplicePipe::new()
+            .map_err(|e| log::warn!("tx: no pipe for spliced sends: errno {}", -e))
+            .ok();
+    }
+    pipe.as_ref()
+}
+
+/// The `WriteFixed` of a [`Seg::Fixed`]: `len` bytes at `offset` of fixed
+/// buffer `tag` (a request's registered pages) to socket `fd`.
+fn write_fixed_sqe(fd: i32, tag: u16, offset: u32, len: u32) -> io_uring::squeue::Entry {
+    // With a fixed buffer the address is the offset into it; a socket has
+    // no file position (offset 0).
+    io_uring::opcode::WriteFixed::new(
+        io_uring::types::Fd(fd),
+        offset as usize as *const u8,
+        len,
+        tag,
+    )
+    .build()
 }
 
 /// Whether `fd` is non-blocking (`O_NONBLOCK`), as `connect` leaves a
@@ -1925,20 +1930,11 @@ async fn send_inline(
                 }
                 r
             }
-            Seg::Fixed { tag, offset, len } => {
-                let sqe = io_uring::opcode::WriteFixed::new(
-                    io_uring::types::Fd(fd),
-                    offset as usize as *const u8,
-                    len,
-                    tag,
-                )
-                .build();
-                chain(&[sqe])
-                    .await
-                    .first()
-                    .copied()
-                    .unwrap_or(-libc::ECANCELED)
-            }
+            Seg::Fixed { tag, offset, len } => chain(&[write_fixed_sqe(fd, tag, offset, len)])
+                .await
+                .first()
+                .copied()
+                .unwrap_or(-libc::ECANCELED),
         };
         match r {
             r if r == -libc::EAGAIN => {
@@ -2210,9 +2206,7 @@ mod tests {
     /// reach the peer through the socket, in order.
     #[test]
     fn a_splice_pipe_carries_our_bytes_to_a_socket() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut rx, _) = l.accept().unwrap();
+        let (tx, mut rx) = loopback_pair();
         let pipe = SplicePipe::new().unwrap();
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
         let mut sent = 0;
@@ -2243,6 +2237,14 @@ mod tests {
         let mut got = Vec::new();
         rx.read_to_end(&mut got).unwrap();
         assert_eq!(got, data);
+    }
+
+    /// Both ends of a TCP connection on loopback: (ours, the peer's).
+    fn loopback_pair() -> (TcpStream, TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        (tx, rx)
     }
 
     thread_local! {
@@ -2289,9 +2291,7 @@ mod tests {
     /// EAGAINs and waits for room, while the peer reads slowly.
     #[test]
     fn an_inline_send_carries_every_byte_through_a_full_socket() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut rx, _) = l.accept().unwrap();
+        let (tx, mut rx) = loopback_pair();
         tx.set_nonblocking(true).unwrap();
         assert!(nonblocking(tx.as_raw_fd()));
         let buf: Vec<u8> = (0..3000u32).map(|i| (i % 241) as u8).collect();
@@ -2358,9 +2358,7 @@ mod tests {
     /// socket's error, not a hang.
     #[test]
     fn an_inline_send_to_a_closed_peer_fails() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (rx, _) = l.accept().unwrap();
+        let (tx, rx) = loopback_pair();
         tx.set_nonblocking(true).unwrap();
         // SAFETY: SO_LINGER 0 makes the close a reset.
         unsafe {
@@ -2403,9 +2401,7 @@ mod tests {
     /// descriptor stays open.
     #[test]
     fn an_aborted_connection_sends_nothing_more() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut rx, _) = l.accept().unwrap();
+        let (tx, mut rx) = loopback_pair();
         // Fill the peer's receive window and our send queue.
         tx.set_nonblocking(true).unwrap();
         let chunk = vec![7u8; 64 * 1024];
