@@ -2,7 +2,7 @@
 # vm-mem: 4096
 # How the credit estimate's gain (`[qos] estimate_gain`) trades throughput
 # on a pipeline for protection at a shared device (issue 14's decision of
-# the default). Volumes with the default (gain probed between 2 and 16),
+# the default). Volumes with the default (gain probed between 2 and 64),
 # fixed gains 2 and 8 (estimate_gain_max = estimate_gain) and credits off,
 # in one guest, BENCH_ROUNDS (2) alternating rounds:
 # - on gimbal-target's `null` namespace, alone: 128k sequential read QD 32
@@ -18,8 +18,8 @@
 # bottleneck on a loaded host). BENCH_GAINS (default probed,2,8; commas,
 # as the runner passes values without spaces) lists the gains under
 # test: a number is a fixed gain, `probed` the default
-# probe (2 to 16), `probedN` the probe with ceiling N (estimate_gain_max
-# = N; whether 1 MiB reads, whose window the ceiling of 16 holds below
+# probe (2 to 64), `probedN` the probe with ceiling N (estimate_gain_max
+# = N; whether 1 MiB reads, whose window a ceiling of 16 held below
 # QD 32, want a higher one: docs/benchmarks.md, "What the gate holds").
 # The pipeline jobs include 1M read QD 32. Status at the end shows each
 # volume's window with the estimate's bandwidth and base. Run:
