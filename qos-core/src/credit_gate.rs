@@ -336,6 +336,14 @@ impl CreditGate {
             .rate
             .on_completion(now, bytes, in_flight.saturating_sub(1))
         {
+            // The probe decides from the gain the window follows, which
+            // at the window's floor is above the settled one
+            // (`GainProbe::set_floor`).
+            if let Some(bdp) = self.held_bdp.or_else(|| self.live_bdp()) {
+                let floor = f64::from(MIN_ESTIMATED_WINDOW.min(self.max_window));
+                self.gain
+                    .set_floor(if bdp > 0.0 { floor / bdp } else { 0.0 });
+            }
             self.gain.on_round(now, self.rate.delivered_bytes(), bound);
             // A probe is an experiment at a fixed window: the probe's own
             // rounds must not move the bandwidth-delay product that the

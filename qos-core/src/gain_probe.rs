@@ -148,6 +148,11 @@ pub struct GainProbe {
     /// Young: no probe has failed yet and the gain is below `max`; up
     /// probes step by [`STARTUP_STEP`].
     startup: bool,
+    /// The gain at which the gate's window reaches its floor (the
+    /// smallest estimated window over the bandwidth-delay product):
+    /// below it the window does not move with the gain, so decisions are
+    /// taken from it (see [`GainProbe::set_floor`]).
+    floor: f64,
     counts: ProbeCounts,
 }
 
@@ -170,8 +175,35 @@ impl GainProbe {
             regime: None,
             check: None,
             startup: true,
+            floor: 0.0,
             counts: ProbeCounts::default(),
         }
+    }
+
+    /// Tells the probe the gain below which the gate's window stays at
+    /// its floor (the gate calls it before every round with the
+    /// bandwidth-delay product its window is computed from). Where a
+    /// 128 KiB read's product is about one request (the TCG guest), gain 2
+    /// and gain 3.7 both give the floor's window of 4: a probe up from
+    /// there measured 4 × 2.25 = 9 requests, yet keeping it as gain 2 ×
+    /// 2.25 = 4.5 left the window at 4, and a probe down could not lower
+    /// the window at all, so it lost nothing and was kept (measured: a
+    /// volume's gain walked down to 3.0 with 6 of 7 down probes kept,
+    /// and its 128k reads ran held at a window of 4). So a probe starts
+    /// from the larger of the gain and this floor, and no probe down is
+    /// tried at or below it.
+    pub fn set_floor(&mut self, floor: f64) {
+        self.floor = if floor.is_finite() {
+            floor.max(0.0)
+        } else {
+            0.0
+        };
+    }
+
+    /// The gain the window follows: the settled one, or the floor where
+    /// that is higher (within `max`).
+    fn effective(&self) -> f64 {
+        self.gain.max(self.floor.min(self.max))
     }
 
     /// The decisions so far.
@@ -187,9 +219,9 @@ impl GainProbe {
     /// The gain to use now: the settled one, or a probe's.
     pub fn current(&self) -> f64 {
         match self.phase {
-            Phase::Probe { up: true } => (self.gain * self.up_step()).min(self.max),
-            Phase::Probe { up: false } => (self.gain / STEP).max(self.min),
-            _ => self.gain,
+            Phase::Probe { up: true } => (self.effective() * self.up_step()).min(self.max),
+            Phase::Probe { up: false } => (self.effective() / STEP).max(self.min),
+            _ => self.effective(),
         }
     }
 
@@ -279,9 +311,10 @@ impl GainProbe {
                 self.restart(true)
             }
             Phase::Before { next_up } => {
-                // At the top, probe down instead; at the bottom, up.
-                let up = next_up && self.gain < self.max;
-                if !up && self.gain <= self.min {
+                // At the top, probe down instead; at the bottom (or where
+                // the window is at its floor), up.
+                let up = next_up && self.effective() < self.max;
+                if !up && self.effective() <= self.min.max(self.floor) {
                     self.restart(true);
                     return;
                 }
@@ -308,7 +341,7 @@ impl GainProbe {
                 }
                 if up && probe >= cruise * (1.0 + UP_GAIN) {
                     self.counts.up_kept += 1;
-                    self.gain = (self.gain * self.up_step()).min(self.max);
+                    self.gain = (self.effective() * self.up_step()).min(self.max);
                     self.startup &= self.gain < self.max;
                     self.backoff = 1;
                     self.restart(true);
@@ -322,7 +355,7 @@ impl GainProbe {
                     self.restart_with(false, 1);
                 } else if probe >= cruise * (1.0 - DOWN_LOSS) {
                     self.counts.down_kept += 1;
-                    self.gain = (self.gain / STEP).max(self.min);
+                    self.gain = (self.effective() / STEP).max(self.min);
                     self.restart(true);
                 } else {
                     self.restart(true);
@@ -418,6 +451,41 @@ mod tests {
         assert!(!p.in_startup());
         let c = p.counts();
         assert_eq!((c.up, c.up_kept, c.down, c.undecided), (3, 3, 0, 0));
+    }
+
+    /// Where the gate's window is at its floor (gain 3 there), a paid
+    /// probe up is kept from the floor: the window it measured (the
+    /// floor's × 2.25) is the window the gate then keeps.
+    #[test]
+    fn a_probe_from_the_floor_keeps_the_window_it_measured() {
+        let mut p = GainProbe::new(2.0, 16.0);
+        p.set_floor(3.0);
+        let (mut t, mut b) = (0, 0.0);
+        drive(&mut p, 3 * PHASE_ROUNDS, |g| g, &mut t, &mut b);
+        assert_eq!((p.counts().up, p.counts().up_kept), (1, 1));
+        assert_eq!(p.gain(), 3.0 * STARTUP_STEP);
+    }
+
+    /// A probe down from a gain under the floor cannot lower the window,
+    /// so it would lose nothing and always be kept: none is tried there.
+    #[test]
+    fn no_probe_down_where_the_window_is_at_its_floor() {
+        let mut p = GainProbe::new(2.0, 16.0);
+        let (mut t, mut b) = (0, 0.0);
+        drive(&mut p, 3 * PHASE_ROUNDS, |g| g, &mut t, &mut b);
+        assert_eq!(p.gain(), 4.5);
+        // The bandwidth-delay product fell: the window is at its floor up
+        // to gain 6, and the path is flat.
+        p.set_floor(6.0);
+        drive(&mut p, 200 * PHASE_ROUNDS, |_| 5.0, &mut t, &mut b);
+        assert_eq!(p.counts().down, 0);
+        assert_eq!(p.gain(), 4.5);
+        assert!(p.counts().up > 1);
+        // With the floor gone, the flat path's probes down are kept.
+        p.set_floor(0.0);
+        drive(&mut p, 200 * PHASE_ROUNDS, |_| 5.0, &mut t, &mut b);
+        assert!(p.counts().down_kept >= 1, "{:?}", p.counts());
+        assert!(p.gain() < 4.5);
     }
 
     /// The first up probe that does not pay ends the young gate's double

@@ -351,6 +351,9 @@ tenants() {
         return 1
     fi
     pass "two tenants, round $1, credits $2"
+    # Where the writer's estimate stood (a reader p99 ratio is read
+    # against the writer's gain: a young writer climbs by probes).
+    [ "$2" = default ] && log "round $1 tenants, writer after: $(ublk-nvmf status writer 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
     # Terse v3: 6/7/8 read KiB, KiB/s, IOPS, 18..37 read clat percentiles;
     # 47/48/49 and 59..78 the same for writes.
     {
