@@ -76,9 +76,12 @@
 //!   about 32 exactly, so each dip of the bandwidth estimate held the
 //!   volume (the gate's bound on default/off 0.95-0.97 per run once
 //!   warm). With 64 the warm runs' bound was 0.990-0.996, the 1 MiB
-//!   reads' 0.74 instead of 0.55, and a QD 128 writer beside a reader
-//!   kept the reader's p99 at 0.25× of credits off (docs/benchmarks.md,
-//!   "A gain ceiling of 64").
+//!   reads' 0.74 instead of 0.55. A QD 128 writer beside a QD 1 reader
+//!   ended at gain 2.0-4.5, far under either ceiling, and the reader's
+//!   p99 over credits off followed that gain (0.24 at 2.0, up to 0.57 at
+//!   4.5; medians 0.33-0.47 over three runs, against about 0.24 in three
+//!   runs with the ceiling of 16): the writer's noisy up probes, not the
+//!   ceiling (docs/benchmarks.md, "A gain ceiling of 64").
 //! - A sample is one round, not one request, so the gate keeps no
 //!   per-request state; the maximum over ten rounds absorbs the noise of
 //!   short rounds.

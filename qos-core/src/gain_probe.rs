@@ -47,8 +47,8 @@
 //! - **A young gate climbs in double steps.** Until its first probe that
 //!   is not kept (or the gain reaches `max`), an up probe and the gain it
 //!   keeps are `× STEP²` ([`STARTUP_STEP`]): the gain walks the same grid
-//!   (2, 4.5, 10.1, 22.8, 51.3, 64 with the default ceiling) in half the
-//!   steps, and a step at the low end
+//!   (2, 4.5, 10.1, 22.8, 51.3, 64 with the default ceiling, from a
+//!   window above its floor) in half the steps, and a step at the low end
 //!   shows about twice the throughput change over the same noise.
 //!   Measured in the TCG guest (docs/benchmarks.md, "A probe compared at
 //!   a held window; a young gate's double steps"): a fresh volume's 128k
