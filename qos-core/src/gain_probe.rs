@@ -41,8 +41,12 @@
 //!   kept 31 % of the up probes and held a mean gain of 6.2 under a
 //!   ceiling of 64; two in a row, or one of 20 %, keep 8 % and a mean of
 //!   2.09. A path that does pay, pays twice; one far from full (a step
-//!   that adds 20 % or more, the young climb of a pipeline) still climbs
-//!   a step per probe.
+//!   that adds 20 % or more) still climbs a step per probe. A young
+//!   gate's double steps (below) keep one comparison of 5 %: with 20 %
+//!   there, or two, all three fresh volumes' 128k climbs measured lost
+//!   their double steps in the first probe and two of them sat held at a
+//!   window of 4 for 10 s and more (docs/benchmarks.md, "Two comparisons
+//!   before a step up").
 //! - **Down** is kept (`g ← g / STEP`) when it delivered at least
 //!   `1 − DOWN_LOSS` of the cruise around it: a gain above the knee gives
 //!   up its queue. The gain stays within `[min, max]` (`estimate_gain`
@@ -365,7 +369,7 @@ impl GainProbe {
                     self.counts.down += 1;
                 }
                 if up && probe >= cruise * (1.0 + UP_GAIN) {
-                    if !self.paid_once && probe < cruise * (1.0 + SURE_GAIN) {
+                    if !self.startup && !self.paid_once && probe < cruise * (1.0 + SURE_GAIN) {
                         // One paid comparison is evidence, not yet a
                         // decision: the same probe again, soon, and the
                         // back-off stays what it was until it pays too.
