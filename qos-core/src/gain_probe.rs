@@ -139,7 +139,8 @@ struct Measure {
 pub struct ProbeCounts {
     /// Up probes measured.
     pub up: u64,
-    /// Up probes that delivered enough to be kept.
+    /// Up probes that moved the gain (a probe that paid once and waits
+    /// for its second comparison is not counted here).
     pub up_kept: u64,
     /// Down probes measured.
     pub down: u64,
