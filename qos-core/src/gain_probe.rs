@@ -49,13 +49,13 @@
 //!   way). Two each way: mean gain 3.04 on the flat path, 0.967
 //!   delivered on the pipeline. A path that does pay, pays twice; one
 //!   far from full (a step that adds 20 % or more) still climbs a step
-//!   per probe. A young
-//!   gate's double steps (below) keep one comparison of 5 %, as before:
-//!   three fresh volumes' 128k climbs with the second comparison there
-//!   too moved as much as three without it (121-141 MiB/s in their first
-//!   10 s either way; docs/benchmarks.md, "Two comparisons before a step
-//!   up"), so nothing measured argued for the change, and a fresh
-//!   volume's climb is what the double steps are for.
+//!   per probe. A young gate's double steps (below) keep one comparison
+//!   of 5 %, as before: three fresh volumes' 128k climbs with the second
+//!   comparison there too moved as much as three without it (121-141
+//!   MiB/s in their first 10 s either way; docs/benchmarks.md, "Two
+//!   comparisons before a step up"), so nothing measured argued for the
+//!   change, and a fresh volume's climb is what the double steps are
+//!   for.
 //! - **Down** is kept (`g ← g / STEP`) when two comparisons in a row
 //!   delivered at least `1 − DOWN_LOSS` of the cruise around them (the
 //!   first is repeated at once, as up): a gain above the knee gives up
