@@ -276,12 +276,9 @@ impl CreditGate {
         if self.base.probing() {
             return 1;
         }
-        match self.held_bdp.or_else(|| self.live_bdp()) {
+        match self.window_bdp() {
             Some(bdp) => {
-                let (floor, max) = (
-                    f64::from(MIN_ESTIMATED_WINDOW.min(self.max_window)),
-                    f64::from(self.max_window),
-                );
+                let (floor, max) = (self.floor_window(), f64::from(self.max_window));
                 let settled = (self.gain.gain() * bdp).floor().clamp(floor, max);
                 // A probe moves the window itself by its factor, so a window
                 // held at its floor (a tiny bandwidth-delay product) still
@@ -295,6 +292,17 @@ impl CreditGate {
             }
             None => self.initial_window.min(self.max_window),
         }
+    }
+
+    /// The bandwidth-delay product the window is computed from: the one
+    /// held during a probe's comparison, else the live one.
+    fn window_bdp(&self) -> Option<f64> {
+        self.held_bdp.or_else(|| self.live_bdp())
+    }
+
+    /// The smallest estimated window, in requests.
+    fn floor_window(&self) -> f64 {
+        f64::from(MIN_ESTIMATED_WINDOW.min(self.max_window))
     }
 
     /// The bandwidth-delay product in requests of the mean size, as the
@@ -344,8 +352,8 @@ impl CreditGate {
             // The probe decides from the gain the window follows, which
             // at the window's floor is above the settled one
             // (`GainProbe::set_floor`).
-            if let Some(bdp) = self.held_bdp.or_else(|| self.live_bdp()) {
-                let floor = f64::from(MIN_ESTIMATED_WINDOW.min(self.max_window));
+            if let Some(bdp) = self.window_bdp() {
+                let floor = self.floor_window();
                 self.gain
                     .set_floor(if bdp > 0.0 { floor / bdp } else { 0.0 });
             }
