@@ -49,9 +49,10 @@
 # (sequential), all QD 32; 4k randread QD 1 and QD 128; and the
 # multi-queue case, two fio jobs of 4k randread QD 32 reported together,
 # on the queues = 2 volumes and on the kernel host. In every round each
-# job runs on the hosts back to back (ublk-a, ublk-credits-off-b, kernel,
-# ublk-b, ublk-credits-off-a; reversed in even rounds), so the host's
-# noise falls on all alike; ratios are only taken within a round. For
+# job runs on the hosts back to back (ublk-a, ublk-credits-off-a, kernel,
+# ublk-credits-off-b, ublk-b; reversed in even rounds: mirrored around the
+# kernel host, see matrix_job), so the host's drift falls on all alike;
+# ratios are only taken within a round. For
 # every job: the ratios per round (IOPS for 4k jobs, MiB/s for the rest),
 # then their median and spread (min-max) across rounds, with the issue's
 # goal where it sets one (a report, not a check).
@@ -164,7 +165,7 @@ volume() {
     /dev/ublkb[0-9]*)
         pass "volume $2 ($6 queue(s), credits $7): $_dev"
         eval "$1=$_dev"
-        VOLUMES="$VOLUMES $2"
+        case " $VOLUMES " in *" $2 "*) ;; *) VOLUMES="$VOLUMES $2" ;; esac
         ;;
     *)
         fail "volume $2: ublk-nvmf add printed '$_dev'"
@@ -195,7 +196,7 @@ set_mode() {
 }
 
 # --- part 1 setup: null namespace, four volumes, the kernel host ---------
-if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ] || [ "$ONLY" = interleave ] || [ "$ONLY" = climb ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ] || [ "$ONLY" = interleave ] || [ "$ONLY" = climb ] || [ "$ONLY" = offset ]; then
     gimbal_write_config
     gimbal_start || exit 1
     volume D_A ublka 4420 $NQN 3 1 auto || exit 1
@@ -231,14 +232,21 @@ EOC
 fi
 
 # matrix_job ROUND JOB RW BS QD [JOBS]: JOB on every host back to back.
-# Odd rounds run them in the order ublk-a, ublk-credits-off-b, kernel,
-# ublk-b, ublk-credits-off-a[, ublk-copy], even rounds in the reverse
-# order: this host's speed drifts within a round, and a fixed order would
-# lean every ratio the same way in every round (the kernel host's 4k
-# randread moved by 2.4x between rounds at 306f516, docs/benchmarks.md);
-# alternating it cancels a steady drift over each pair of rounds. Then
-# the round's `ublk` and `ublk-credits-off` lines: the geometric means of
-# the two volumes in that mode.
+# Odd rounds run them in the order [ublk-fixed-a,] ublk-a,
+# ublk-credits-off-a, kernel[, ublk-copy], ublk-credits-off-b, ublk-b[,
+# ublk-fixed-b], even rounds in the reverse order. Why this order: this
+# host's speed drifts over tens of seconds (the kernel host's 4k randread
+# moved by 2.4x between rounds at 306f516), while two volumes measured
+# back to back differ by only a few per cent (BENCH_ONLY=offset,
+# docs/benchmarks.md, 2026-11-29, fifth). So each volume's two modes run
+# next to each other, and the order is mirrored around the kernel host:
+# every mode's two runs sit as far before the kernel host's as after it,
+# and a drift that is steady within the round cancels from every ratio
+# of the round's geometric means (default/off, ublk/kernel, off/kernel),
+# not only over a pair of rounds. The reversal in even rounds still
+# alternates which volume runs first. Then the round's `ublk` and
+# `ublk-credits-off` lines: the geometric means of the two volumes in
+# that mode.
 matrix_job() {
     _r=$1 _j=$2 _rw=$3 _bs=$4 _qd=$5 _n=${6:-1}
     case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
@@ -250,12 +258,15 @@ matrix_job() {
         _va=ublka _vb=ublkb _a=$D_A _b=$D_B
     fi
     # host=volume:mode:device (volume and mode empty for the kernel host).
-    _hosts="ublk-a=$_va:auto:$_a ublk-credits-off-b=$_vb:off:$_b kernel=::$KDEV"
-    _hosts="$_hosts ublk-b=$_vb:auto:$_b ublk-credits-off-a=$_va:off:$_a"
-    [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _hosts="$_hosts ublk-copy=::$D_COPY"
+    # Mirrored around the kernel host: volume a's runs, the kernel host,
+    # then b's in the opposite order (see above).
+    _fa="" _fb="" _copy=""
     case "${BENCH_FIXED:-}:$_rw" in
-    1:*write) _hosts="$_hosts ublk-fixed-a=$_va:fixed:$_a ublk-fixed-b=$_vb:fixed:$_b" ;;
+    1:*write) _fa="ublk-fixed-a=$_va:fixed:$_a" _fb="ublk-fixed-b=$_vb:fixed:$_b" ;;
     esac
+    [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _copy="ublk-copy=::$D_COPY"
+    _hosts="$_fa ublk-a=$_va:auto:$_a ublk-credits-off-a=$_va:off:$_a kernel=::$KDEV $_copy"
+    _hosts="$_hosts ublk-credits-off-b=$_vb:off:$_b ublk-b=$_vb:auto:$_b $_fb"
     [ $((_r % 2)) -eq 0 ] && _hosts=$(printf '%s\n' $_hosts | tac | tr '\n' ' ')
     for _h in $_hosts; do
         _spec=${_h#*=}
@@ -692,6 +703,97 @@ if [ "$ONLY" = climb ]; then
     done
     wait $_fp
     if grep -q '^3;' /tmp/climb.out; then pass "climb: $_rw $_bs QD $_qd for ${_secs}s"; else fail "climb: fio failed"; fi
+fi
+
+# --- part 6: what a volume's offset belongs to (BENCH_ONLY=offset) ---------
+# Two volumes with the same config differ by a persistent 10-25 % that
+# each gets when it is created ("Measuring the measure",
+# docs/benchmarks.md): the default/off ratios cancel it by running both
+# modes on each volume, but the ublk/kernel ratios only halve it, and a
+# user gets a slower volume by chance. Which state carries it is not
+# known. Here ublka stays as it is the whole run while ublkb is renewed
+# in one of three ways between draws, in turn:
+#   none     nothing changes (the control: how far two draws of the same
+#            volume differ)
+#   recover  its server is killed (-9) and `ublk-nvmf recover` reattaches
+#            the same /dev/ublkbN: a new process, new threads, buffers,
+#            io_uring and connection, the same ublk device and blk-mq
+#            queues
+#   readd    `del` and `add`: a new device too
+# Each draw runs BENCH_OFFSET_PAIRS (4) pairs of fio runs (BENCH_SECS
+# after 2 s of warm-up) of BENCH_OFFSET_JOB (rw,bs,qd; default
+# write,128k,32: the job whose offset kept its sign through five rounds)
+# on a and b, credits off, the order alternating; the draw's offset is
+# the geometric mean of its pairs' b/a. Reported: every pair ("BENCH
+# offset pair"), every draw ("BENCH offset draw ... b_over_a"), and per
+# action the median and spread of how far b/a moved from the draw
+# before, as a factor >= 1 ("BENCH offset summary"): if the offset belongs to what an action
+# renews, that action's changes stand out from the control's.
+# BENCH_OFFSET_DRAWS (12) draws.
+offset_draw() {
+    _d=$1 _act=$2
+    _spec=${BENCH_OFFSET_JOB:-write,128k,32}
+    _rw=${_spec%%,*} _spec=${_spec#*,}
+    _bs=${_spec%%,*} _qd=${_spec#*,}
+    set_mode ublka off || return 1
+    set_mode ublkb off || return 1
+    _p=1
+    while [ $_p -le "${BENCH_OFFSET_PAIRS:-4}" ]; do
+        if [ $((_p % 2)) -eq 1 ]; then _order="a b"; else _order="b a"; fi
+        for _x in $_order; do
+            if [ $_x = a ]; then _dev=$D_A; else _dev=$D_B; fi
+            fio_bench "offset draw=$_d action=$_act pair=$_p vol=$_x" "$_dev" "$_rw" "$_bs" "$_qd" "$SECS" >/dev/null
+        done
+        _p=$((_p + 1))
+    done
+    awk -v d="$_d" -v act="$_act" '
+        $1 == "BENCH" && $2 == "offset" && $3 == "draw=" d {
+            split($5, p, "="); split($6, v, "="); split($7, r, "=")
+            if (v[2] == "a") a[p[2]] = r[2]; else b[p[2]] = r[2] }
+        END { n = 0; prod = 1; lo = 0; hi = 0
+            for (k in a) if (k in b && a[k] > 0) { q = b[k] / a[k]; n++; prod *= q
+                if (lo == 0 || q < lo) lo = q; if (q > hi) hi = q
+                printf "BENCH offset pair draw=%s action=%s pair=%s a_iops=%d b_iops=%d b_over_a=%.3f\n", d, act, k, a[k], b[k], q }
+            # prod^(1/n) by bisection: busybox awk has no math functions.
+            g = 1; if (n > 0) { x0 = 0.01; x1 = 100; for (i = 0; i < 100; i++) { m = (x0 + x1) / 2; t = 1; for (j = 0; j < n; j++) t *= m; if (t < prod) x0 = m; else x1 = m } g = (x0 + x1) / 2 }
+            printf "BENCH offset draw=%s action=%s b_over_a=%.3f pairs=%d min=%.3f max=%.3f\n", d, act, g, n, lo, hi }' \
+        "$FIO_BENCH_OUT" | tee -a "$FIO_BENCH_OUT"
+}
+if [ "$ONLY" = offset ]; then
+    _draws=${BENCH_OFFSET_DRAWS:-12}
+    _d=1 _act=first
+    while [ $_d -le "$_draws" ]; do
+        offset_draw $_d $_act || exit 1
+        log "offset draw $_d: ublkb $(ublk-nvmf list | awk '$2=="ublkb"')"
+        [ $_d -eq "$_draws" ] && break
+        case $((_d % 3)) in
+        1) _act=none ;;
+        2)
+            _act=recover
+            _pid=$(ublk-nvmf list | awk '$2=="ublkb" && $3!="dead" {print $3}')
+            kill -9 "$_pid"
+            sleep 1
+            check_output "offset: recover ublkb (draw $((_d + 1)))" "^$D_B\$" ublk-nvmf recover ublkb || exit 1
+            ;;
+        0)
+            _act=readd
+            check "offset: del ublkb (draw $((_d + 1)))" ublk-nvmf del ublkb || exit 1
+            volume D_B ublkb 4420 $NQN 3 1 off || exit 1
+            ;;
+        esac
+        _d=$((_d + 1))
+    done
+    # Per action, how far b/a moved from the draw before, as a factor >= 1
+    # (exp |log change|; busybox awk has no log).
+    grep '^BENCH offset draw=.* b_over_a=' "$FIO_BENCH_OUT" | awk "$AWK_STATS"'
+        { d = kv("draw") + 0; act[d] = kv("action"); r[d] = kv("b_over_a") + 0; if (d > nd) nd = d }
+        END { for (d = 2; d <= nd; d++) { if (r[d] <= 0 || r[d - 1] <= 0) continue
+                q = r[d] / r[d - 1]; if (q < 1) q = 1 / q
+                x = act[d]; c[x]++; v[x, c[x]] = q; acts[x] = 1 }
+            for (x in acts) { m = c[x]; for (i = 1; i <= m; i++) w[i] = v[x, i]
+                sort(w, m)
+                printf "BENCH offset summary action=%s changes=%d change_median=%.3f change_min=%.3f change_max=%.3f\n",
+                    x, m, median(w, m), w[1], w[m] } }' | tee -a "$FIO_BENCH_OUT"
 fi
 
 # --- summary ---------------------------------------------------------------
