@@ -6,9 +6,9 @@
 # (default 3) rounds. Run:
 #   tests/vm/run --bench ublk                     # ~18 min
 #   BENCH_ROUNDS=1 BENCH_SECS=3 BENCH_TENANT_SECS=5 tests/vm/run --bench ublk   # a quick look
-# BENCH_ONLY=matrix, tenants, profile or interleave runs one part (the
-# last, part 4, both credit modes interleaved within one fio run, runs
-# only when asked for); BENCH_JOBS=JOB,...
+# BENCH_ONLY=matrix, tenants, profile, interleave, climb or offset runs
+# one part (the last three, parts 4-6, run only when asked for);
+# BENCH_JOBS=JOB,...
 # (names as in the BENCH lines, e.g. 128k-write-qd32) runs only those
 # matrix jobs; the BENCH lines
 # land in target/vm/bench/ublk.txt; docs/benchmarks.md records the runs.
@@ -35,15 +35,18 @@
 # run every job once with the default and once with credits off
 # (`ublk-nvmf set NAME credits=...` before each run), as hosts ublk-a,
 # ublk-b, ublk-credits-off-a and ublk-credits-off-b. Why: two identically
-# configured volumes differ by a persistent 10-25 % that each gets when it
-# is created (the A/A control at cef625c, docs/benchmarks.md), so a ratio
-# of two volumes measured the volumes, not the modes. Here each volume is
-# its own control: the hosts `ublk` and `ublk-credits-off` in the ratios
-# are the geometric means of the two volumes' runs in that mode, in which
-# a volume's offset cancels from default/off exactly and is halved in
-# ublk/kernel; ublk-credits-off-a/ublk-credits-off-b is the A/A ratio (the
-# offset itself), and ublk-a/ublk-credits-off-a, ublk-b/ublk-credits-off-b
-# show whether the two volumes agree on default/off.
+# configured volumes differed by a persistent 10-25 % (the A/A control at
+# cef625c, docs/benchmarks.md), so a ratio of two volumes measured the
+# volumes, not the modes. (Part 6 no longer finds such an offset between
+# two volumes measured back to back; what remains of the A/A spread is the
+# host's drift between runs, which the order in matrix_job cancels.) Here
+# each volume is its own control: the hosts `ublk` and `ublk-credits-off`
+# in the ratios are the geometric means of the two volumes' runs in that
+# mode, in which a volume's offset, if any, cancels from default/off
+# exactly and is halved in ublk/kernel;
+# ublk-credits-off-a/ublk-credits-off-b is the A/A ratio, and
+# ublk-a/ublk-credits-off-a, ublk-b/ublk-credits-off-b show whether the
+# two volumes agree on default/off.
 # The jobs, fio (libaio, direct, BENCH_SECS (8) measured after 2 s
 # warm-up): 4k randread, 4k randwrite, 128k read, 128k write, 1M read
 # (sequential), all QD 32; 4k randread QD 1 and QD 128; and the
