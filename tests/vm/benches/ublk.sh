@@ -676,12 +676,25 @@ fi
 # product behind the window (bandwidth, base latency). BENCH_CLIMB_EVERY
 # (2) sets the seconds between lines. Compare a change of
 # the gain's start or climb by the seconds to a share near 0.
+# BENCH_CLIMB_BEFORE (rw,bs,qd,secs) runs a job on the volume first.
 if [ "$ONLY" = climb ]; then
+    set_mode ublka auto || exit 1
+    # BENCH_CLIMB_BEFORE=rw,bs,qd,secs: a job on the same volume first, at
+    # the default, as the matrix runs 4 KiB jobs before a volume's first
+    # large ones (the gate is then no longer fresh).
+    if [ -n "${BENCH_CLIMB_BEFORE:-}" ]; then
+        _b=$BENCH_CLIMB_BEFORE
+        _brw=${_b%%,*} _b=${_b#*,}
+        _bbs=${_b%%,*} _b=${_b#*,}
+        _bqd=${_b%%,*} _bsecs=${_b#*,}
+        fio_bench "climb before: $_brw $_bbs QD $_bqd" "$D_A" "$_brw" "$_bbs" "$_bqd" "$_bsecs"
+        log "climb: ublka before the climb: $(ublk-nvmf status ublka 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
+    fi
+    # (after fio_bench, which sets the same shell variables)
     _spec=${BENCH_CLIMB_JOB:-read,128k,32}
     _rw=${_spec%%,*} _spec=${_spec#*,}
     _bs=${_spec%%,*} _qd=${_spec#*,}
     _secs=${BENCH_CLIMB_SECS:-60}
-    set_mode ublka auto || exit 1
     fio --name=climb --filename="$D_A" --ioengine=libaio --direct=1 --rw="$_rw" --bs="$_bs" \
         --iodepth="$_qd" --runtime="$_secs" --time_based --size=512M --randrepeat=0 \
         --norandommap --output-format=terse --terse-version=3 >/tmp/climb.out 2>&1 &
