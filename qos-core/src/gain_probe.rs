@@ -794,7 +794,11 @@ mod tests {
                 }
             }
             rounds += 1;
-            assert!(rounds < 20 * PHASE_ROUNDS, "gain {} after {rounds} rounds", p.gain());
+            assert!(
+                rounds < 20 * PHASE_ROUNDS,
+                "gain {} after {rounds} rounds",
+                p.gain()
+            );
         }
         // Two paid probes, one A-B-A each, both double steps.
         assert_eq!(factors, [STARTUP_STEP]);
