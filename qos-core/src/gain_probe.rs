@@ -75,13 +75,14 @@
 //!   measured cruise; a factor of [`REGIME`] either way restarts the cycle
 //!   with no back-off (the gain is kept: it is the starting point), and
 //!   makes the gate young again (below): the unpaid probe that ended its
-//!   double steps measured the old path. Why: in the acceptance runs a
-//!   volume's first 128k reads came after 4 KiB jobs, whose flat path
+//!   double steps measured the old path. Why: in an acceptance run both
+//!   volumes' first 128k reads came after a 4 KiB job whose flat path
 //!   had ended the double steps; they then climbed in single steps, each
-//!   needing two paid comparisons, and 43-60 % of fio's requests sat in
-//!   the gate on average over those runs (docs/benchmarks.md, "Two
-//!   comparisons before a step up"). A tenant whose rate moves by 1.5x pays one double
-//!   probe for it, as a new gate does.
+//!   needing two paid comparisons, and 55-60 % of fio's requests sat in
+//!   the gate on average over those runs (docs/benchmarks.md, "What a
+//!   volume's offset belongs to"). A tenant whose rate moves by 1.5x, or
+//!   that resumes after idling (the check's interval spans the gap),
+//!   pays one double probe for it, as a new gate does.
 //! - **A young gate climbs in double steps.** Until its first probe that
 //!   is not kept (or the gain reaches `max`), an up probe and the gain it
 //!   keeps are `× STEP²` ([`STARTUP_STEP`]): the gain walks the same grid
