@@ -775,7 +775,7 @@ mod tests {
     }
 
     /// A new regime makes the gate young again: past its double steps
-    /// and backed off on a flat path, it meets a path with 4x the rate
+    /// and backed off on a flat path, it meets a path with 8x the rate
     /// that grows with the gain, and climbs it in double steps again.
     #[test]
     fn a_new_regime_climbs_in_double_steps() {
