@@ -37,9 +37,11 @@
 # ublk-b, ublk-credits-off-a and ublk-credits-off-b. Why: two identically
 # configured volumes differed by a persistent 10-25 % (the A/A control at
 # cef625c, docs/benchmarks.md), so a ratio of two volumes measured the
-# volumes, not the modes. (Part 6 no longer finds such an offset between
-# two volumes measured back to back; what remains of the A/A spread is the
-# host's drift between runs, which the order in matrix_job cancels.) Here
+# volumes, not the modes. (Part 6 finds no such offset between two fresh
+# volumes that run nothing but its job, renewed or not; but the matrix
+# still shows one at times, tied to a job, after the volumes' earlier
+# jobs: docs/benchmarks.md, 2026-11-29, fifth. Part of the A/A spread is
+# the host's drift between runs, which the order in matrix_job cancels.) Here
 # each volume is its own control: the hosts `ublk` and `ublk-credits-off`
 # in the ratios are the geometric means of the two volumes' runs in that
 # mode, in which a volume's offset, if any, cancels from default/off
@@ -239,8 +241,8 @@ fi
 # ublk-credits-off-a, kernel[, ublk-copy], ublk-credits-off-b, ublk-b[,
 # ublk-fixed-b], even rounds in the reverse order. Why this order: this
 # host's speed drifts over tens of seconds (the kernel host's 4k randread
-# moved by 2.4x between rounds at 306f516), while two volumes measured
-# back to back differ by only a few per cent (BENCH_ONLY=offset,
+# moved by 2.4x between rounds at 306f516), while two fresh volumes
+# measured back to back differ by only a few per cent (BENCH_ONLY=offset,
 # docs/benchmarks.md, 2026-11-29, fifth). So each volume's two modes run
 # next to each other, and the order is mirrored around the kernel host:
 # every mode's two runs sit as far before the kernel host's as after it,
