@@ -724,12 +724,13 @@ if [ "$ONLY" = climb ]; then
 fi
 
 # --- part 6: what a volume's offset belongs to (BENCH_ONLY=offset) ---------
-# Two volumes with the same config differ by a persistent 10-25 % that
-# each gets when it is created ("Measuring the measure",
-# docs/benchmarks.md): the default/off ratios cancel it by running both
-# modes on each volume, but the ublk/kernel ratios only halve it, and a
-# user gets a slower volume by chance. Which state carries it is not
-# known. Here ublka stays as it is the whole run while ublkb is renewed
+# Two volumes with the same config have differed by a persistent 10-25 %
+# ("Measuring the measure", docs/benchmarks.md): the default/off ratios
+# cancel it by running both modes on each volume, but the ublk/kernel
+# ratios only halve it, and a user gets a slower volume by chance. Which
+# state carries it is not known (on fresh volumes this part found none;
+# the matrix still shows one at times: docs/benchmarks.md, 2026-11-29,
+# fifth). Here ublka stays as it is the whole run while ublkb is renewed
 # in one of three ways between draws, in turn:
 #   none     nothing changes (the control: how far two draws of the same
 #            volume differ)
@@ -745,8 +746,9 @@ fi
 # the geometric mean of its pairs' b/a. Reported: every pair ("BENCH
 # offset pair"), every draw ("BENCH offset draw ... b_over_a"), and per
 # action the median and spread of how far b/a moved from the draw
-# before, as a factor >= 1 ("BENCH offset summary"): if the offset belongs to what an action
-# renews, that action's changes stand out from the control's.
+# before, as a factor >= 1 ("BENCH offset summary"): if the offset
+# belongs to what an action renews, that action's changes stand out from
+# the control's.
 # BENCH_OFFSET_DRAWS (12) draws.
 offset_draw() {
     _d=$1 _act=$2
@@ -764,10 +766,9 @@ offset_draw() {
         done
         _p=$((_p + 1))
     done
-    awk -v d="$_d" -v act="$_act" '
-        $1 == "BENCH" && $2 == "offset" && $3 == "draw=" d {
-            split($5, p, "="); split($6, v, "="); split($7, r, "=")
-            if (v[2] == "a") a[p[2]] = r[2]; else b[p[2]] = r[2] }
+    awk -v d="$_d" -v act="$_act" "$AWK_STATS"'
+        $1 == "BENCH" && $2 == "offset" && kv("draw") == d && kv("vol") != "" {
+            if (kv("vol") == "a") a[kv("pair")] = kv("iops"); else b[kv("pair")] = kv("iops") }
         END { n = 0; prod = 1; lo = 0; hi = 0
             for (k in a) if (k in b && a[k] > 0) { q = b[k] / a[k]; n++; prod *= q
                 if (lo == 0 || q < lo) lo = q; if (q > hi) hi = q
