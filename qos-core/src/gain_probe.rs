@@ -80,9 +80,11 @@
 //!   had ended the double steps; they then climbed in single steps, each
 //!   needing two paid comparisons, and 55-60 % of fio's requests sat in
 //!   the gate on average over those runs (docs/benchmarks.md, "What a
-//!   volume's offset belongs to"). A tenant whose rate moves by 1.5x, or
-//!   that resumes after idling (the check's interval spans the gap),
-//!   pays one double probe for it, as a new gate does.
+//!   volume's offset belongs to"). A tenant whose rate moves by 1.5x
+//!   pays one double probe for it, as a new gate does. One that resumes
+//!   after idling does not: the gate runs this probe on a clock that
+//!   stops while nothing is in flight (`CreditGate::busy_clock`), so a
+//!   quiet gap is neither a slow phase nor a new regime.
 //! - **A young gate climbs in double steps.** Until its first probe that
 //!   is not kept (or the gain reaches `max`), an up probe and the gain it
 //!   keeps are `× STEP²` ([`STARTUP_STEP`]): the gain walks the same grid
