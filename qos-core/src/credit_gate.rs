@@ -375,7 +375,9 @@ impl CreditGate {
         } else {
             elapsed
         };
-        self.last_seen = Some(now);
+        // A completion stamped earlier than the last one (clocks read on
+        // two threads) must not make time since then count twice.
+        self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
         self.resumed = false;
         Nanos(self.busy_ns)
     }
