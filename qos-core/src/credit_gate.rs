@@ -961,9 +961,10 @@ mod tests {
     /// its volume runs credits off) probes as one whose jobs follow each
     /// other at once. On real time the round spanning each gap read as a
     /// path that delivered almost nothing: at this saturated device the
-    /// regime check took every gap for a new regime, and each job began
-    /// with a young gate's double probe (121 up probes in 40 jobs, against
-    /// 38 without gaps, and 9 % more in flight).
+    /// regime check took the gaps for new regimes, each making the gate
+    /// young again, with a double probe and a probe down to follow (121
+    /// up probes in 40 jobs, about two more per job than the 38 without
+    /// gaps, and 9 % more in flight).
     #[test]
     fn quiet_gaps_between_jobs_do_not_read_as_a_slow_path() {
         let run = |gap_ns, off_between| {
