@@ -375,8 +375,9 @@ impl CreditGate {
         } else {
             elapsed
         };
-        // A completion stamped earlier than the last one (clocks read on
-        // two threads) must not make time since then count twice.
+        // A completion stamped earlier than the last one (a caller whose
+        // timestamps are not monotonic; each ublk queue's gates are fed
+        // from its one thread) must not make time since then count twice.
         self.last_seen = Some(self.last_seen.map_or(now, |t| t.max(now)));
         self.resumed = false;
         Nanos(self.busy_ns)
