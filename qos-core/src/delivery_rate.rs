@@ -18,34 +18,13 @@
 //!   not bound measured the application's demand, not the path: as in BBR
 //!   such an *app-limited* sample enters the filter only if it raises the
 //!   maximum.
-//! - **A bound sample spans several rounds.** A bound round's sample is
-//!   the rate over it and the bound rounds just before it, up to
-//!   [`SAMPLE_SPAN_ROUNDS`] in all; a round that was not bound is its own
-//!   sample and starts the span anew. Why: the maximum below assumes no
-//!   sample exceeds what the path sustains, and a device whose
-//!   completions come in bunches breaks that for one round (TCP's ACK
-//!   aggregation; BBR answers it with the longer of the send and the ack
-//!   intervals, which needs per-request state). A fragmented SSD beside a
-//!   reader is such a device: each forced program frees four buffered
-//!   4 KiB writes at once and a round of a writer's 10-25 completions
-//!   holds a handful of those events, so the maximum of ten one-round
-//!   samples read 2-5x the ~910 writes/s the device sustained, and the
-//!   window that many times too deep made the reader beside it wait
-//!   (docs/benchmarks.md, "A delivery rate over several rounds"). Over
-//!   eight rounds the maximum read 1.0-1.5x. A span keeps only rounds
-//!   that started with at least 1/[`SPAN_WINDOW_FACTOR`] of the newest
-//!   round's requests in flight, so a window that opens (doubling per
-//!   round after an application-limited phase) measures each new window
-//!   alone and still opens within rounds, while a probe's step of 1.5 and
-//!   a drain to one request (the base latency's probe) stay in the span:
-//!   those only make a sample lower, never a burst higher.
 //! - **The maximum** is over the last [`BANDWIDTH_WINDOW_ROUNDS`] rounds
 //!   that entered it, and samples expire only when a new one enters: an
 //!   idle or app-limited period keeps the last measured bandwidth instead
 //!   of forgetting it (a volume going from QD 1 back to QD 128 starts from
 //!   what the path carried, not from its QD 1 rate), while ten bound
 //!   rounds at a lower rate (a co-tenant arrived, the device slowed) bring
-//!   the maximum down, after the span has filled with them too.
+//!   the maximum down.
 
 use std::collections::VecDeque;
 
@@ -55,17 +34,6 @@ use crate::time::{Nanos, NANOS_PER_SEC};
 /// long enough to ride out a round or two of noise, short enough to
 /// follow a real drop within a few milliseconds on a fast path).
 pub const BANDWIDTH_WINDOW_ROUNDS: u64 = 10;
-
-/// Consecutive bound rounds a bound sample spans at most (see the module
-/// doc): enough bunched completions that one bunch more or less moves the
-/// sample little, and short enough to follow a slower path within a few
-/// dozen rounds.
-pub const SAMPLE_SPAN_ROUNDS: usize = 8;
-
-/// A bound round leaves the span of a later one that started with more
-/// than this factor more requests in flight (see the module doc): above a
-/// probe's step (1.5) and below a doubling.
-pub const SPAN_WINDOW_FACTOR: f64 = 1.6;
 
 /// Round bookkeeping and the windowed-maximum delivery rate.
 #[derive(Clone, Debug, Default)]
@@ -88,11 +56,6 @@ pub struct DeliveryRate {
     /// (round, bytes/s), rounds increasing and rates decreasing: the
     /// front is the maximum of the samples still in the window.
     samples: VecDeque<(u64, f64)>,
-    /// Requests in flight when the current round started.
-    round_in_flight: u32,
-    /// Start (time, bytes delivered then) and requests in flight then of
-    /// each bound round of the current span, oldest first.
-    span: VecDeque<(Nanos, u64, u32)>,
 }
 
 impl DeliveryRate {
@@ -117,10 +80,9 @@ impl DeliveryRate {
             if now > end {
                 // Every completion of the round's last instant is in; this
                 // one opens the next round, which starts at that instant.
+                let rate = (self.delivered_bytes - start_bytes) as f64 * NANOS_PER_SEC as f64
+                    / end.nanos_since(start) as f64;
                 let bound = self.bound;
-                let (from, from_bytes) = self.span_start(bound, start, start_bytes);
-                let rate = (self.delivered_bytes - from_bytes) as f64 * NANOS_PER_SEC as f64
-                    / end.nanos_since(from) as f64;
                 self.round += 1;
                 if bound || self.max_bps().is_none_or(|max| rate >= max) {
                     self.insert(rate);
@@ -128,7 +90,6 @@ impl DeliveryRate {
                 sample = Some((rate, bound));
                 self.start = Some((end, self.delivered_bytes));
                 self.round_end = self.delivered + u64::from(in_flight) + 1;
-                self.round_in_flight = in_flight + 1;
                 self.ending = None;
                 self.bound = false;
             }
@@ -139,7 +100,6 @@ impl DeliveryRate {
             None => {
                 self.start = Some((now, self.delivered_bytes));
                 self.round_end = self.delivered + u64::from(in_flight.max(1));
-                self.round_in_flight = in_flight.max(1);
             }
             // More completions of the start instant: they took no time of
             // this round, so they are not in it.
@@ -154,29 +114,6 @@ impl DeliveryRate {
             }
         }
         sample
-    }
-
-    /// Where the sample of the round that started at `start` (with
-    /// `start_bytes` delivered) begins: at that start for a round that was
-    /// not bound, at the oldest round of its span for a bound one.
-    fn span_start(&mut self, bound: bool, start: Nanos, start_bytes: u64) -> (Nanos, u64) {
-        if !bound {
-            self.span.clear();
-            return (start, start_bytes);
-        }
-        let newest = f64::from(self.round_in_flight.max(1));
-        self.span
-            .push_back((start, start_bytes, self.round_in_flight));
-        while self.span.len() > SAMPLE_SPAN_ROUNDS
-            || self
-                .span
-                .front()
-                .is_some_and(|&(_, _, n)| f64::from(n.max(1)) * SPAN_WINDOW_FACTOR < newest)
-        {
-            self.span.pop_front();
-        }
-        let &(t, b, _) = self.span.front().expect("the newest round is in its span");
-        (t, b)
     }
 
     /// Adds this round's sample; older ones leave the window now.
@@ -291,56 +228,22 @@ mod tests {
         assert!(d.max_bps().unwrap() > high * 1.9);
     }
 
-    /// A device that sustains 1,000 completions/s but completes them in
-    /// bunches of 4 at irregular instants (a fragmented SSD freeing
-    /// buffered writes a program at a time), 20 in flight: a round holds
-    /// about five bunches. The maximum of ten one-round samples averaged
-    /// 2.4x what the device sustains (13x at its worst); samples over the
-    /// span average 1.16x.
     #[test]
-    fn bunched_completions_do_not_inflate_the_maximum() {
-        let mut d = DeliveryRate::new();
-        let mut rng = crate::sim::rng::SimRng::new(7);
-        let (mut now, mut sum, mut n) = (0u64, 0.0f64, 0u32);
-        for bunch in 0..20_000u64 {
-            // Exponential gaps with a mean of 4 ms: 1,000 completions/s.
-            let u = (rng.below(1 << 20) + 1) as f64 / (1u64 << 20) as f64;
-            now += (-u.ln() * 4e6) as u64 + 1;
-            for _ in 0..4 {
-                d.mark_bound();
-                d.on_completion(Nanos(now), 4096, 20);
-            }
-            if bunch >= 1_000 {
-                sum += d.max_bps().unwrap() / 4096.0;
-                n += 1;
-            }
-        }
-        let rate = 80_000.0 / (now as f64 / NANOS_PER_SEC as f64);
-        assert!((rate - 1000.0).abs() < 30.0, "{rate}");
-        let mean_max = sum / f64::from(n);
-        assert!(
-            mean_max <= 1.3 * rate,
-            "maximum {mean_max:.0}/s on average, over {rate:.0}/s"
-        );
-    }
-
-    #[test]
-    fn bound_rounds_at_a_lower_rate_bring_the_maximum_down() {
+    fn bound_rounds_at_a_lower_rate_bring_the_maximum_down_in_ten_rounds() {
         let mut d = DeliveryRate::new();
         let mut now = 0;
         feed(&mut d, &mut now, 100, 10 * US, 4, true);
         let high = d.max_bps().unwrap();
         // Rate halves; 4 in flight after each completion, so 5 per round
         // (the closing one, and the 4 in flight after it). The round in
-        // progress at the change ends first (a mixed sample), then the
-        // span fills with rounds at half the rate and ten of those push
-        // every faster sample out.
+        // progress at the change ends first (a mixed sample), then ten
+        // rounds at half the rate push every faster sample out.
         let mut rounds = 0;
         while d.max_bps().unwrap() > high * 0.51 {
             feed(&mut d, &mut now, 4, 20 * US, 4, true);
             rounds += 1;
             assert!(
-                rounds * 4 <= (BANDWIDTH_WINDOW_ROUNDS + SAMPLE_SPAN_ROUNDS as u64 + 2) * 5,
+                rounds * 4 <= (BANDWIDTH_WINDOW_ROUNDS + 2) * 5,
                 "still {:?}",
                 d.max_bps()
             );
