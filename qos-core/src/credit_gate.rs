@@ -100,6 +100,7 @@ use crate::credit::decode_credit_dw1;
 use crate::delivery_rate::DeliveryRate;
 use crate::error::{QosError, Result};
 use crate::gain_probe::{GainProbe, ProbeCounts};
+use crate::neighbours::NeighbourTotals;
 use crate::time::{Nanos, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::types::IoKind;
 
@@ -422,6 +423,21 @@ impl CreditGate {
                 self.held_bdp = self.live_bdp();
             }
         }
+    }
+
+    /// The running totals of the other volumes of this gate's namespace
+    /// on the host, for the gain probe to count what its probes cost them
+    /// ([`crate::neighbours`]). The driver calls it every millisecond or
+    /// so while requests complete; never called, the gate sees no
+    /// neighbours.
+    pub fn set_neighbours(&mut self, totals: &[NeighbourTotals]) {
+        self.gain.set_neighbours(totals);
+    }
+
+    /// What the gain probe's last comparison cost the neighbours (the sum
+    /// of their log latency ratios; 0 without busy neighbours).
+    pub fn neighbour_cost(&self) -> f64 {
+        self.gain.last_cost()
     }
 
     /// The gain the estimate settled on (without a probe's factor).
@@ -1294,6 +1310,7 @@ mod tests {
         warm_secs: u64,
         secs: u64,
         path_ns: u64,
+        shadow: bool,
     ) -> (Vec<u64>, [u64; 2], CreditGate) {
         use crate::ssd_model::{SsdModel, SsdModelConfig};
         use std::cmp::Reverse;
@@ -1311,6 +1328,11 @@ mod tests {
             (warm_secs + secs) * NANOS_PER_SEC,
         );
         let (mut now, mut latencies, mut done) = (0u64, Vec::new(), [0u64; 2]);
+        // What each tenant publishes to the other (crate::neighbours).
+        let mut totals = [0, 1].map(|id| NeighbourTotals {
+            id,
+            ..NeighbourTotals::default()
+        });
         while now < end {
             for i in 0..2 {
                 while in_flight[i] < offered[i] && gates[i].try_acquire() {
@@ -1324,6 +1346,11 @@ mod tests {
             let Reverse((at, i, sent)) = heap.pop().expect("an idle gate admits");
             now = at;
             in_flight[i] -= 1;
+            totals[i].completions += 1;
+            totals[i].latency_ns += at - sent;
+            if shadow {
+                gates[i].set_neighbours(&[totals[1 - i]]);
+            }
             gates[i].on_completion(Nanos(at), kinds[i], 4096, at - sent, Some(0));
             if now >= start {
                 done[i] += 1;
@@ -1344,12 +1371,13 @@ mod tests {
         warm_secs: u64,
         secs: u64,
         path_ns: u64,
+        shadow: bool,
     ) -> (f64, f64, CreditGate, u64) {
         use crate::sim::metrics::LatencySummary;
         let (mut l_off, n_off, _) =
-            tenants_on_the_sim_device(CreditMode::Off, seed, warm_secs, secs, path_ns);
+            tenants_on_the_sim_device(CreditMode::Off, seed, warm_secs, secs, path_ns, shadow);
         let (mut l_est, n_est, writer) =
-            tenants_on_the_sim_device(CreditMode::Estimate, seed, warm_secs, secs, path_ns);
+            tenants_on_the_sim_device(CreditMode::Estimate, seed, warm_secs, secs, path_ns, shadow);
         let p99 = |l: &mut Vec<u64>| LatencySummary::from_nanos(l).p99_us;
         let ratio = p99(&mut l_est) / p99(&mut l_off);
         let total = (n_est[0] + n_est[1]) as f64 / (n_off[0] + n_off[1]) as f64;
@@ -1370,7 +1398,7 @@ mod tests {
     fn estimate_protects_a_reader_beside_a_writer_on_the_fragmented_model() {
         let mut ratios = Vec::new();
         for seed in 0..5 {
-            let (ratio, total, writer, _) = tenants_estimate_over_off(seed, 30, 20, 2 * MS);
+            let (ratio, total, writer, _) = tenants_estimate_over_off(seed, 30, 20, 2 * MS, false);
             assert!(
                 total >= 0.9,
                 "seed {seed}: total {total:.3}, reader p99 {ratio:.3} of off, window {:?}",
@@ -1393,26 +1421,34 @@ mod tests {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        println!("| warm-up | path | reader p99 over off | total over off | writer estimate over delivered |");
-        println!("|---:|---:|---:|---:|---:|");
-        for warm in [5, 30] {
-            for path_ms in [1, 2, 5] {
-                let (mut ratios, mut totals, mut over) = (Vec::new(), Vec::new(), Vec::new());
-                for seed in 0..20 {
-                    let (ratio, total, writer, written) =
-                        tenants_estimate_over_off(seed, warm, 20, path_ms * MS);
-                    ratios.push(ratio);
-                    totals.push(total);
-                    over.push(writer.bandwidth_bps().unwrap() / 4096.0 / (written as f64 / 20.0));
+        println!("| neighbours | warm-up | path | reader p99 over off | total over off | writer estimate over delivered | writer's gain |");
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        for shadow in [false, true] {
+            for warm in [5, 30] {
+                for path_ms in [1, 2, 5] {
+                    let (mut ratios, mut totals, mut over, mut gains) =
+                        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                    for seed in 0..20 {
+                        let (ratio, total, writer, written) =
+                            tenants_estimate_over_off(seed, warm, 20, path_ms * MS, shadow);
+                        ratios.push(ratio);
+                        totals.push(total);
+                        over.push(
+                            writer.bandwidth_bps().unwrap() / 4096.0 / (written as f64 / 20.0),
+                        );
+                        gains.push(writer.gain());
+                    }
+                    let m = median(&mut ratios);
+                    println!(
+                        "| {} | {warm} s | {path_ms} ms | {m:.3} ({:.3}-{:.3}) | {:.3} | {:.2} | {:.2} |",
+                        if shadow { "seen" } else { "unseen" },
+                        ratios[0],
+                        ratios[ratios.len() - 1],
+                        median(&mut totals),
+                        median(&mut over),
+                        median(&mut gains)
+                    );
                 }
-                let m = median(&mut ratios);
-                println!(
-                    "| {warm} s | {path_ms} ms | {m:.3} ({:.3}-{:.3}) | {:.3} | {:.2} |",
-                    ratios[0],
-                    ratios[ratios.len() - 1],
-                    median(&mut totals),
-                    median(&mut over)
-                );
             }
         }
     }

@@ -114,10 +114,14 @@
 //!   drifts down, not up; where the noise is larger than 5 %, the second
 //!   comparison (above) keeps that drift.
 
+use crate::neighbours::{phase_means, probe_cost, NeighbourTotals, PhaseMean, MIN_COMPLETIONS};
 use crate::time::Nanos;
 
 /// Gain factor of a probe.
 pub const STEP: f64 = 1.5;
+/// The lowest gain while a neighbour of the namespace is busy (see the
+/// module doc): one bandwidth-delay product, no queue of the gate's own.
+pub const SHARED_MIN_GAIN: f64 = 1.0;
 /// Gain factor of a young gate's up probe (see the module doc).
 pub const STARTUP_STEP: f64 = STEP * STEP;
 /// Rounds after a phase change before its rate is measured.
@@ -213,6 +217,20 @@ pub struct GainProbe {
     /// taken from it (see [`GainProbe::set_floor`]).
     floor: f64,
     counts: ProbeCounts,
+    /// The other volumes of the namespace on this host, as last told
+    /// ([`GainProbe::set_neighbours`]).
+    neighbours: Vec<NeighbourTotals>,
+    /// Their totals where the current phase's measurement started.
+    neighbours_start: Vec<NeighbourTotals>,
+    /// Their mean latencies over the cruise before the probe, and the
+    /// probe.
+    neighbours_before: Vec<PhaseMean>,
+    neighbours_probe: Vec<PhaseMean>,
+    /// The last comparison's cost to them ([`probe_cost`]).
+    last_cost: f64,
+    /// A neighbour was busy in the last measured cruise before a probe:
+    /// the gain may go down to [`SHARED_MIN_GAIN`].
+    shared: bool,
 }
 
 impl GainProbe {
@@ -238,7 +256,39 @@ impl GainProbe {
             lost_nothing_once: false,
             floor: 0.0,
             counts: ProbeCounts::default(),
+            neighbours: Vec::new(),
+            neighbours_start: Vec::new(),
+            neighbours_before: Vec::new(),
+            neighbours_probe: Vec::new(),
+            last_cost: 0.0,
+            shared: false,
         }
+    }
+
+    /// The lowest gain a probe down may reach: `min`, or, while a
+    /// neighbour is busy, [`SHARED_MIN_GAIN`] (see the module doc).
+    fn lowest(&self) -> f64 {
+        if self.shared {
+            self.min.min(SHARED_MIN_GAIN)
+        } else {
+            self.min
+        }
+    }
+
+    /// Tells the probe the running totals of the other volumes of its
+    /// namespace on this host (see [`crate::neighbours`]); the driver
+    /// calls it often enough that a snapshot taken at a round's end is
+    /// fresh against a phase's length. A probe's comparison then counts
+    /// what it cost them.
+    pub fn set_neighbours(&mut self, totals: &[NeighbourTotals]) {
+        self.neighbours.clear();
+        self.neighbours.extend_from_slice(totals);
+    }
+
+    /// What the last decided comparison cost the neighbours (the sum of
+    /// their log latency ratios; 0 without busy neighbours).
+    pub fn last_cost(&self) -> f64 {
+        self.last_cost
     }
 
     /// Tells the probe the gain below which the gate's window stays at
@@ -281,7 +331,7 @@ impl GainProbe {
     pub fn current(&self) -> f64 {
         match self.phase {
             Phase::Probe { up: true } => (self.effective() * self.up_step()).min(self.max),
-            Phase::Probe { up: false } => (self.effective() / STEP).max(self.min),
+            Phase::Probe { up: false } => (self.effective() / STEP).max(self.lowest()),
             _ => self.effective(),
         }
     }
@@ -339,6 +389,7 @@ impl GainProbe {
                 start: Some((now, delivered_bytes)),
                 all_bound: true,
             };
+            self.neighbours_start.clone_from(&self.neighbours);
             return;
         }
         if self.round < settle {
@@ -356,6 +407,8 @@ impl GainProbe {
             _ => None,
         };
         let bound = self.measure.all_bound;
+        let mut means = Vec::new();
+        phase_means(&self.neighbours_start, &self.neighbours, &mut means);
         self.round = 0;
         let Some(rate) = rate else {
             self.restart(true);
@@ -375,11 +428,13 @@ impl GainProbe {
                 // At the top, probe down instead; at the bottom (or where
                 // the window is at its floor), up.
                 let up = next_up && self.effective() < self.max;
-                if !up && self.effective() <= self.min.max(self.floor) {
+                if !up && self.effective() <= self.lowest().max(self.floor) {
                     self.restart(true);
                     return;
                 }
                 self.before = Some(rate);
+                self.shared = means.iter().any(|m| m.completions >= MIN_COMPLETIONS);
+                self.neighbours_before = means;
                 self.phase = Phase::Probe { up };
             }
             // A probe up may outgrow the application's demand (not bound)
@@ -387,6 +442,7 @@ impl GainProbe {
             // A probe down below a bound cruise is bound itself.
             Phase::Probe { up } => {
                 self.probe = Some(rate);
+                self.neighbours_probe = means;
                 self.phase = Phase::After { up };
             }
             Phase::After { up } => {
@@ -394,6 +450,11 @@ impl GainProbe {
                     self.restart(true);
                     return;
                 };
+                // The probe's throughput over its neighbours' latency
+                // ratio: proportional fairness (crate::neighbours).
+                self.last_cost =
+                    probe_cost(&self.neighbours_before, &self.neighbours_probe, &means);
+                let probe = probe / self.last_cost.exp();
                 let cruise = (before + rate) / 2.0;
                 if up {
                     self.counts.up += 1;
@@ -437,7 +498,7 @@ impl GainProbe {
                     }
                     self.lost_nothing_once = false;
                     self.counts.down_kept += 1;
-                    self.gain = (self.effective() / STEP).max(self.min);
+                    self.gain = (self.effective() / STEP).max(self.lowest());
                     self.restart(true);
                 } else {
                     self.lost_nothing_once = false;
@@ -485,6 +546,8 @@ impl GainProbe {
         self.round = 0;
         self.before = None;
         self.probe = None;
+        self.neighbours_before.clear();
+        self.neighbours_probe.clear();
         self.measure = Measure::default();
         self.check = None;
     }
@@ -493,6 +556,7 @@ impl GainProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::neighbours::NeighbourTotals;
 
     /// Drives `p` with a path whose rate (bytes/ns) at gain `g` is
     /// `rate(g)`, one round per µs, for `rounds` rounds.
@@ -880,5 +944,77 @@ mod tests {
         let (mut t, mut b) = (0, 0.0);
         drive(&mut p, 1000, |g| g, &mut t, &mut b);
         assert_eq!((p.gain(), p.current(), p.probing()), (2.0, 2.0, false));
+    }
+
+    /// Drives `p` as [`drive`] does, beside a neighbour that completes
+    /// `per_round` requests a round at a mean latency of `latency(g)` ns
+    /// when `p`'s gain is `g`, and tells `p` its totals every round.
+    fn drive_beside(
+        p: &mut GainProbe,
+        rounds: u32,
+        rate: impl Fn(f64) -> f64,
+        latency: impl Fn(f64) -> f64,
+        per_round: u64,
+        state: &mut (u64, f64, NeighbourTotals),
+    ) {
+        for _ in 0..rounds {
+            let g = p.current();
+            state.0 += 1_000;
+            state.1 += rate(g) * 1_000.0;
+            state.2.completions += per_round;
+            state.2.latency_ns += (latency(g) * per_round as f64) as u64;
+            p.set_neighbours(&[state.2]);
+            p.on_round(Nanos(state.0), state.1 as u64, true);
+        }
+    }
+
+    /// A writer whose every step up pays it 6 % (above `UP_GAIN`, as a
+    /// deeper window pays in the guest) while its neighbour's latency
+    /// grows with the writer's gain: alone it climbs; seen beside the
+    /// neighbour, every step up costs more than it pays, steps down give
+    /// the neighbour more than they cost, and the gain goes below its
+    /// `min` of 2, to the one bandwidth-delay product of
+    /// `SHARED_MIN_GAIN`.
+    #[test]
+    fn a_probe_that_costs_its_neighbour_more_than_it_pays_is_not_kept() {
+        let rate = |g: f64| 1.06f64.powf(g.ln() / STEP.ln());
+        let latency = |g: f64| 1_000.0 * (1.0 + g);
+        let mut alone = GainProbe::new(2.0, 64.0);
+        let mut st = (0, 0.0, NeighbourTotals::default());
+        drive_beside(&mut alone, 3000, rate, latency, 0, &mut st);
+        assert!(alone.gain() >= 10.0, "alone: {}", alone.gain());
+        assert_eq!(alone.last_cost(), 0.0, "an idle neighbour costs nothing");
+
+        let mut seen = GainProbe::new(2.0, 64.0);
+        let mut st = (
+            0,
+            0.0,
+            NeighbourTotals {
+                id: 7,
+                ..NeighbourTotals::default()
+            },
+        );
+        drive_beside(&mut seen, 3000, rate, latency, 20, &mut st);
+        assert_eq!(seen.gain(), SHARED_MIN_GAIN, "{:?}", seen.counts());
+        assert_eq!(seen.counts().up_kept, 0, "{:?}", seen.counts());
+        assert!(seen.counts().down_kept >= 2, "{:?}", seen.counts());
+    }
+
+    /// A neighbour whose latency does not move with the probe's gain
+    /// (it shares nothing on the path the probe fills) changes nothing:
+    /// the gain climbs as it does alone.
+    #[test]
+    fn a_neighbour_the_probe_does_not_slow_does_not_hold_it_back() {
+        let mut p = GainProbe::new(2.0, 16.0);
+        let mut st = (
+            0,
+            0.0,
+            NeighbourTotals {
+                id: 7,
+                ..NeighbourTotals::default()
+            },
+        );
+        drive_beside(&mut p, 2000, |g| g.min(8.0), |_| 5_000.0, 20, &mut st);
+        assert!(p.gain() >= 8.0 / STEP, "{}", p.gain());
     }
 }

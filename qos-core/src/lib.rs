@@ -18,7 +18,8 @@
 //! - [`credit_gate`]: in-flight limit from target credits or, for targets
 //!   that send none, a bandwidth × base-latency estimate (§3.6, Algorithm 3)
 //! - [`base_latency`], [`delivery_rate`]: the estimate's two measurements;
-//!   [`gain_probe`]: its gain, found by probing
+//!   [`gain_probe`]: its gain, found by probing; [`neighbours`]: what a
+//!   probe cost the other volumes of its namespace on the host
 //! - [`rate_limiter`]: IOPS/bandwidth limits with bursts (§4.3)
 //! - [`replica`]: read replica selection (§4.3)
 //! - [`replica_set`]: the set-of-replicas type the client's fan-out uses
@@ -52,6 +53,7 @@ pub mod credit_gate;
 pub mod delivery_rate;
 pub mod error;
 pub mod gain_probe;
+pub mod neighbours;
 pub mod priority;
 pub mod rate_limiter;
 pub mod replica;

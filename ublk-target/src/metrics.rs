@@ -240,6 +240,18 @@ fn qos(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
         &[v],
         q.estimate_gain_x100 as f64 / 100.0,
     );
+    e.gauge(
+        "ublk_nvmf_estimate_neighbours",
+        "Other volumes of the namespace on this host that the gates see (the host-local shadow view).",
+        &[v],
+        q.estimate_neighbours as f64,
+    );
+    e.gauge(
+        "ublk_nvmf_estimate_neighbour_cost",
+        "What the gain probe's last comparison cost those volumes: the sum of their log latency ratios (positive: slower).",
+        &[v],
+        q.estimate_neighbour_cost_x1000 as f64 / 1000.0,
+    );
     for (dir, outcome, n) in [
         ("up", "kept", q.estimate_probes_up_kept),
         (

@@ -345,6 +345,37 @@ pub struct ReplicaEndpoint {
     pub arbitration: Arbitration,
 }
 
+/// The host-local shadow view of each replica's namespace
+/// (`crate::qos::neighbours`), where `[qos] estimate_neighbours` asks for
+/// it and the volume is not elastic. A view that cannot be opened leaves
+/// that replica unseen, with a warning: the volume works without it.
+fn neighbour_views(
+    config: &VolumeConfig,
+    replicas: &[ReplicaEndpoint],
+) -> Vec<Option<Arc<crate::qos::neighbours::NamespaceView>>> {
+    use crate::qos::neighbours::{file_name, NamespaceView};
+    if !config.qos.estimate_neighbours || config.evol.is_some() {
+        return Vec::new();
+    }
+    let dir = crate::control::state::run_dir().join("neighbours");
+    replicas
+        .iter()
+        .map(|t| {
+            let name = file_name(&t.addr.to_string(), &t.spec.subnqn, t.spec.nsid);
+            NamespaceView::open(&dir, &name)
+                .map_err(|e| {
+                    log::warn!(
+                        "{}: {e}; the gates of {} nsid {} run unseen by this host's other volumes of it",
+                        dir.join(&name).display(),
+                        t.spec.subnqn,
+                        t.spec.nsid
+                    )
+                })
+                .ok()
+        })
+        .collect()
+}
+
 /// A connected volume.
 pub struct Volume {
     /// Its configuration.
@@ -827,13 +858,15 @@ impl Volume {
             None
         };
         let identity = replicas[0].identity.clone();
+        let qos = VolumeQos::new(&config.qos, config.queues)
+            .with_neighbours(neighbour_views(&config, &replicas));
         Ok(Self {
             host,
             replicas,
             geometry,
             identity,
             stats: Arc::new(Stats::default()),
-            qos: Arc::new(VolumeQos::new(&config.qos, config.queues)),
+            qos: Arc::new(qos),
             priority,
             replication,
             cluster: None,

@@ -468,7 +468,7 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
         .map_or_else(|| "none".to_owned(), |c| c.to_string());
     let estimate = if q.window_source == "estimate" && q.estimate_bandwidth_bps > 0 {
         format!(
-            ": {:.1} MiB/s x {} us base, gain {:.1}, probes kept up {}/{} down {}/{}, {} undecided{}",
+            ": {:.1} MiB/s x {} us base, gain {:.1}, probes kept up {}/{} down {}/{}, {} undecided{}{}",
             q.estimate_bandwidth_bps as f64 / f64::from(1 << 20),
             q.estimate_base_us,
             q.estimate_gain_x100 as f64 / 100.0,
@@ -477,7 +477,16 @@ fn format_status(s: &ublk_target::volume::StatsSnapshot) -> String {
             q.estimate_probes_down_kept,
             q.estimate_probes_down,
             q.estimate_probes_undecided,
-            if q.estimate_young { ", young" } else { "" }
+            if q.estimate_young { ", young" } else { "" },
+            if q.estimate_neighbours > 0 {
+                format!(
+                    ", {} neighbours (last probe cost them {:+.3})",
+                    q.estimate_neighbours,
+                    q.estimate_neighbour_cost_x1000 as f64 / 1000.0
+                )
+            } else {
+                String::new()
+            }
         )
     } else {
         String::new()

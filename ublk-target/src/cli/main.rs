@@ -168,8 +168,10 @@ const MAN: cli_docs::ManInfo = cli_docs::ManInfo {
                 (
                     "/run/ublk-nvmf/",
                     "NAME.json, the saved state of a live device (a restarted server recovers the \
-                     same /dev/ublkbN from it), and NAME.sock, the running server's control socket \
-                     (status, set, reload, del).",
+                     same /dev/ublkbN from it), NAME.sock, the running server's control socket \
+                     (status, set, reload, del), and neighbours/, one small shared file per target \
+                     namespace in which this host's volumes publish their latency to each other's \
+                     gain probes ([qos] estimate_neighbours).",
                 ),
                 (
                     "/var/lib/ublk-nvmf/",

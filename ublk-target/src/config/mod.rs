@@ -26,6 +26,7 @@
 //! keep_alive_tmo = 5      # seconds
 //! [qos]                   # see crate::qos
 //! credits = "auto"        # auto | target | estimate | off
+//! estimate_neighbours = true  # count what a probe costs this host's other volumes of the namespace
 //! riops = 2000            # io.max names: riops wiops rbps wbps, *_burst
 //! [priority]              # see crate::qos::priority
 //! source = "ionice"       # ionice | fixed
@@ -410,6 +411,7 @@ struct RawQos {
     estimate_gain: Option<Spanned<Number>>,
     estimate_gain_max: Option<Spanned<Number>>,
     estimate_base_window_ms: Option<Spanned<i64>>,
+    estimate_neighbours: Option<Spanned<bool>>,
 }
 
 /// A number written as an integer or a float (`2` or `2.5`).
@@ -1226,6 +1228,9 @@ fn parse_qos(cx: &Ctx<'_>, q: &RawQos) -> Result<QosConfig, ConfigError> {
         c.estimate_base_window_ms as i64,
         1..=3_600_000,
     )? as u64;
+    if let Some(b) = &q.estimate_neighbours {
+        c.estimate_neighbours = *b.get_ref();
+    }
     if let Err(e) = c.validate() {
         return Err(ConfigError::whole_file(cx.file, e));
     }
@@ -1524,6 +1529,19 @@ endpoints = ["127.0.0.1:2379"]
             assert!(e.field.contains(old), "{e}");
             assert!(e.to_string().contains("no longer used"), "{e}");
         }
+    }
+
+    #[test]
+    fn estimate_neighbours_defaults_on_and_names_a_bad_value() {
+        assert!(parse(GOOD).unwrap().qos.estimate_neighbours);
+        let c = parse(&format!("{GOOD}[qos]\nestimate_neighbours = false\n")).unwrap();
+        assert!(!c.qos.estimate_neighbours);
+        let e = parse(&format!("{GOOD}[qos]\nestimate_neighbours = \"no\"\n")).unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (9, "qos.estimate_neighbours"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -41,6 +41,7 @@
 //!   does not count them either) but take a credit: they occupy the
 //!   target like any command.
 
+pub mod neighbours;
 pub mod priority;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -49,6 +50,12 @@ use std::time::Instant;
 
 use qos_core::class_arbiter::{ArbiterConfig, ClassArbiter, QueueId};
 use qos_core::credit_gate::{CreditGate, CreditGateConfig, CreditMode, WindowSource};
+use qos_core::neighbours::NeighbourTotals;
+
+use neighbours::{NamespaceView, NeighbourSlot};
+
+/// How often a queue's gate reads its namespace's shadow view (ns).
+const NEIGHBOURS_READ_NS: u64 = 1_000_000;
 use qos_core::priority::NvmeClass;
 use qos_core::rate_limiter::{RateLimiter, RateLimits};
 use qos_core::replica::{ReplicaPolicy, ReplicaSelector};
@@ -78,6 +85,11 @@ pub struct QosConfig {
     /// How long a minimum-latency sample counts as the path's base
     /// latency (ms; qos-core `CreditGateConfig::base_window_ms`).
     pub estimate_base_window_ms: u64,
+    /// Whether the gates publish to and read the host-local shadow view
+    /// of their namespace ([`neighbours`]): a probe then counts what it
+    /// cost the other volumes of the namespace on this host. Read when
+    /// the volume starts.
+    pub estimate_neighbours: bool,
 }
 
 impl QosConfig {
@@ -92,6 +104,7 @@ impl QosConfig {
             estimate_gain: g.gain,
             estimate_gain_max: g.gain_max,
             estimate_base_window_ms: g.base_window_ms,
+            estimate_neighbours: true,
         }
     }
 
@@ -236,6 +249,10 @@ pub struct VolumeQos {
     /// Bumped on every change, so queues notice with one load.
     version: AtomicU64,
     stats: QosCounters,
+    /// Per replica, the host-local shadow view of its namespace (none:
+    /// the volume sees no neighbours), and this volume's token in it.
+    neighbours: Vec<Option<Arc<NamespaceView>>>,
+    group: u64,
 }
 
 #[derive(Debug, Default)]
@@ -252,6 +269,10 @@ struct QosCounters {
     /// measured, down kept, cruises undecided; and whether it is young.
     estimate_probes: [AtomicU64; 5],
     estimate_young: AtomicBool,
+    /// Other volumes of the namespace seen there, and what the last
+    /// comparison cost them, in thousandths.
+    estimate_neighbours: AtomicU64,
+    estimate_cost_x1000: std::sync::atomic::AtomicI64,
     last_credit: AtomicU32,
     credit_seen: AtomicBool,
     in_flight: AtomicU64,
@@ -327,6 +348,14 @@ pub struct QosSnapshot {
     /// probes step 2.25x instead of 1.5x.
     #[serde(default)]
     pub estimate_young: bool,
+    /// Other volumes of the same namespace on this host that the gate
+    /// sees (the host-local shadow view; docs/architecture.md).
+    #[serde(default)]
+    pub estimate_neighbours: u64,
+    /// What the gain probe's last comparison cost them, in thousandths of
+    /// the sum of their log latency ratios (positive: they got slower).
+    #[serde(default)]
+    pub estimate_neighbour_cost_x1000: i64,
     /// The credit total last reported by the target, if any.
     pub target_credit: Option<u32>,
     /// Admitted and not yet completed (all queues).
@@ -386,11 +415,20 @@ impl VolumeQos {
             settings: Mutex::new(*cfg),
             version: AtomicU64::new(0),
             stats: QosCounters::default(),
+            neighbours: Vec::new(),
+            group: neighbours::group_token(),
         };
         for c in &s.stats.replica_credit {
             c.store(u32::MAX, Ordering::Relaxed);
         }
         s
+    }
+
+    /// With the host-local shadow view of each replica's namespace
+    /// (`None`: that replica's gates see no neighbours).
+    pub fn with_neighbours(mut self, views: Vec<Option<Arc<NamespaceView>>>) -> Self {
+        self.neighbours = views;
+        self
     }
 
     /// Per replica `0..n` (at most 16), for `status`.
@@ -451,6 +489,8 @@ impl VolumeQos {
             estimate_probes_down_kept: g(&s.estimate_probes[3]),
             estimate_probes_undecided: g(&s.estimate_probes[4]),
             estimate_young: s.estimate_young.load(Ordering::Relaxed),
+            estimate_neighbours: g(&s.estimate_neighbours),
+            estimate_neighbour_cost_x1000: s.estimate_cost_x1000.load(Ordering::Relaxed),
             target_credit: s
                 .credit_seen
                 .load(Ordering::Relaxed)
@@ -581,6 +621,12 @@ pub struct QueueQos<T> {
     shared: Arc<VolumeQos>,
     /// One credit gate per replica (per target namespace).
     gates: Vec<CreditGate>,
+    /// Per replica, this queue's slot in the namespace's shadow view, and
+    /// when the gate last read it.
+    slots: Vec<Option<NeighbourSlot>>,
+    read_at: Vec<Nanos>,
+    /// The neighbours' totals as last read (kept to reuse its memory).
+    seen: Vec<NeighbourTotals>,
     /// Chooses the replica of each read.
     selector: ReplicaSelector,
     qid: u16,
@@ -599,8 +645,13 @@ impl<T> QueueQos<T> {
     /// The stage of queue `qid` of a one-target volume; held requests are
     /// released by class as `arbiter` says (an invalid one falls back to
     /// the default: configs are validated before).
+    ///
+    /// Its gate sees no neighbours: an elastic volume's one gate spans
+    /// the extents of many namespaces (`Requests::set_evol`).
     pub fn new(shared: Arc<VolumeQos>, qid: u16, arbiter: ArbiterConfig) -> Self {
-        Self::replicated(shared, qid, arbiter, 1, ReplicaPolicy::Primary)
+        let mut q = Self::replicated(shared, qid, arbiter, 1, ReplicaPolicy::Primary);
+        q.slots = vec![None];
+        q
     }
 
     /// The stage of queue `qid` of a volume of `replicas` replicas (at
@@ -620,9 +671,25 @@ impl<T> QueueQos<T> {
         };
         let replicas = replicas.clamp(1, MAX_REPLICAS);
         let version = shared.version.load(Ordering::Acquire);
+        let slots = (0..replicas)
+            .map(|r| {
+                let view = shared.neighbours.get(r)?.as_ref()?;
+                view.claim(shared.group).or_else(|| {
+                    log::warn!(
+                        "{}: all {} slots held; queue {qid} runs unseen by the other volumes of its namespace",
+                        view.path().display(),
+                        neighbours::SLOTS
+                    );
+                    None
+                })
+            })
+            .collect();
         Self {
             shared,
             gates: (0..replicas).map(|_| gate()).collect(),
+            slots,
+            read_at: vec![Nanos(0); replicas],
+            seen: Vec::new(),
             selector: ReplicaSelector::new(policy, replicas),
             qid,
             version,
@@ -935,6 +1002,23 @@ impl<T> QueueQos<T> {
         let counted = !ticket.uncounted.remove(r);
         if let Some(g) = self.gates.get_mut(r).filter(|_| counted) {
             let latency = now.nanos_since(ticket.sent_at);
+            if let Some(Some(slot)) = self.slots.get(r) {
+                slot.publish(latency);
+                // Fresh against a probe phase's length (tens of rounds),
+                // at most a thousand reads of 64 slots a second.
+                if now.nanos_since(self.read_at[r]) >= NEIGHBOURS_READ_NS {
+                    self.read_at[r] = now;
+                    slot.read(&mut self.seen);
+                    g.set_neighbours(&self.seen);
+                    let s = &self.shared.stats;
+                    s.estimate_neighbours
+                        .store(self.seen.len() as u64, Ordering::Relaxed);
+                    s.estimate_cost_x1000.store(
+                        (g.neighbour_cost() * 1000.0).round() as i64,
+                        Ordering::Relaxed,
+                    );
+                }
+            }
             g.on_completion(now, ticket.kind, ticket.bytes, latency, Some(dw1));
             if ticket.read {
                 let _ = self.selector.on_completion(r, Some(latency));
@@ -1477,5 +1561,48 @@ mod tests {
             assert!(apply_settings(&QosConfig::new(), &[bad]).is_err(), "{bad}");
         }
         assert!(apply_settings(&QosConfig::new(), &[]).is_err());
+    }
+
+    /// Two volumes on one namespace see each other through the shadow
+    /// view, a volume's own queues do not count as neighbours, and an
+    /// elastic volume's stage (`QueueQos::new`) takes no slot.
+    #[test]
+    fn volumes_of_one_namespace_see_each_other_and_not_their_own_queues() {
+        let dir = tempfile::tempdir().unwrap();
+        let volume = || {
+            let view = NamespaceView::open(dir.path(), "ns").unwrap();
+            Arc::new(VolumeQos::new(&QosConfig::new(), 2).with_neighbours(vec![Some(view)]))
+        };
+        let (a, b) = (volume(), volume());
+        let arb = ArbiterConfig::default();
+        let stage = |v: &Arc<VolumeQos>, qid| {
+            QueueQos::replicated(Arc::clone(v), qid, arb, 1, ReplicaPolicy::Primary)
+        };
+        let (mut a0, mut a1) = (stage(&a, 0), stage(&a, 1));
+        let unseen: QueueQos<u32> = QueueQos::new(Arc::clone(&b), 1, arb);
+        assert!(unseen.slots.iter().all(Option::is_none));
+        // Every completion publishes; a gate reads the view at most once
+        // a millisecond.
+        let run = |q: &mut QueueQos<u32>, at_ms: u64| {
+            let t = Nanos(at_ms * 1_000_000);
+            q.push(t, 0, LimitKind::Read, 4096, NvmeClass::Medium);
+            let (_, ticket) = q.poll_admit(t).unwrap();
+            q.on_done(t.saturating_add_nanos(50_000), ticket, Some(0));
+        };
+        run(&mut a0, 1);
+        run(&mut a1, 2);
+        assert_eq!(a.snapshot().estimate_neighbours, 0, "its own queues");
+        let mut b0 = stage(&b, 0);
+        run(&mut b0, 3);
+        assert_eq!(b.snapshot().estimate_neighbours, 2, "a's two queues");
+        run(&mut a0, 4);
+        assert_eq!(a.snapshot().estimate_neighbours, 1, "b's queue");
+        let mut seen = Vec::new();
+        a0.slots[0].as_ref().unwrap().read(&mut seen);
+        assert_eq!((seen[0].completions, seen[0].latency_ns), (1, 50_000));
+        // A dropped stage leaves the view.
+        drop(b0);
+        run(&mut a0, 6);
+        assert_eq!(a.snapshot().estimate_neighbours, 0);
     }
 }
