@@ -56,7 +56,7 @@ pub struct NeighbourTotals {
 }
 
 /// Completions a neighbour needs in each phase of a comparison to count.
-pub const MIN_COMPLETIONS: u64 = 8;
+pub const MIN_COMPLETIONS: u64 = 16;
 
 /// Largest magnitude of one neighbour's term (`ln 4`: a latency four
 /// times higher or lower than the cruise's).
