@@ -434,6 +434,11 @@ impl CreditGate {
         self.gain.set_neighbours(totals);
     }
 
+    /// The gain probe's last comparison.
+    pub fn last_comparison(&self) -> Option<crate::gain_probe::Comparison> {
+        self.gain.last_comparison()
+    }
+
     /// What the gain probe's last comparison cost the neighbours (the sum
     /// of their log latency ratios; 0 without busy neighbours).
     pub fn neighbour_cost(&self) -> f64 {

@@ -200,6 +200,19 @@ pub struct ProbeCounts {
     pub undecided: u64,
 }
 
+/// One comparison of a probe with the cruise around it, as measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Comparison {
+    /// A probe up (else down).
+    pub up: bool,
+    /// The gain it probed from.
+    pub gain: f64,
+    /// The gate's own throughput in the probe over the cruise's.
+    pub own: f64,
+    /// What it cost the neighbours ([`crate::neighbours::probe_cost`]).
+    pub cost: f64,
+}
+
 /// The probing state of one gate.
 #[derive(Clone, Debug)]
 pub struct GainProbe {
@@ -246,6 +259,8 @@ pub struct GainProbe {
     neighbours_probe: Vec<PhaseMean>,
     /// The last comparison's cost to them ([`probe_cost`]).
     last_cost: f64,
+    /// The last comparison decided, for operators' logs.
+    last: Option<Comparison>,
     /// A neighbour was busy in the last measured cruise before a probe:
     /// the gain may go down to [`SHARED_MIN_GAIN`].
     shared: bool,
@@ -279,6 +294,7 @@ impl GainProbe {
             neighbours_before: Vec::new(),
             neighbours_probe: Vec::new(),
             last_cost: 0.0,
+            last: None,
             shared: false,
         }
     }
@@ -301,6 +317,12 @@ impl GainProbe {
     pub fn set_neighbours(&mut self, totals: &[NeighbourTotals]) {
         self.neighbours.clear();
         self.neighbours.extend_from_slice(totals);
+    }
+
+    /// The last comparison measured (its outcome is in [`GainProbe::counts`]
+    /// and [`GainProbe::gain`]).
+    pub fn last_comparison(&self) -> Option<Comparison> {
+        self.last
     }
 
     /// What the last decided comparison cost the neighbours (the sum of
@@ -499,8 +521,14 @@ impl GainProbe {
                 // ratio: proportional fairness (crate::neighbours).
                 self.last_cost =
                     probe_cost(&self.neighbours_before, &self.neighbours_probe, &means);
-                let probe = probe / self.last_cost.exp();
                 let cruise = (before + rate) / 2.0;
+                self.last = Some(Comparison {
+                    up,
+                    gain: self.effective(),
+                    own: probe / cruise,
+                    cost: self.last_cost,
+                });
+                let probe = probe / self.last_cost.exp();
                 if up {
                     self.counts.up += 1;
                 } else {
@@ -1002,15 +1030,72 @@ mod tests {
         per_round: u64,
         state: &mut (u64, f64, NeighbourTotals),
     ) {
-        for _ in 0..rounds {
+        drive_beside_every(p, rounds, rate, latency, 1, per_round, true, state)
+    }
+
+    /// As [`drive_beside`], the neighbour completing `per_rounds` requests
+    /// every `every` rounds, and every round `bound` or not.
+    #[allow(clippy::too_many_arguments)]
+    fn drive_beside_every(
+        p: &mut GainProbe,
+        rounds: u32,
+        rate: impl Fn(f64) -> f64,
+        latency: impl Fn(f64) -> f64,
+        every: u32,
+        per_rounds: u64,
+        bound: bool,
+        state: &mut (u64, f64, NeighbourTotals),
+    ) {
+        for i in 0..rounds {
             let g = p.current();
             state.0 += 1_000;
             state.1 += rate(g) * 1_000.0;
-            state.2.completions += per_round;
-            state.2.latency_ns += (latency(g) * per_round as f64) as u64;
+            if i % every == 0 {
+                state.2.completions += per_rounds;
+                state.2.latency_ns += (latency(g) * per_rounds as f64) as u64;
+            }
             p.set_neighbours(&[state.2]);
-            p.on_round(Nanos(state.0), state.1 as u64, true);
+            p.on_round(Nanos(state.0), state.1 as u64, bound);
         }
+    }
+
+    /// A QD 1 neighbour that completes one request every three rounds
+    /// (5 in a phase's 12, under `MIN_COMPLETIONS`): the phase goes on
+    /// until it has enough, so a young writer's double step that pays it
+    /// 25 % (one comparison would do) and doubles the neighbour's latency
+    /// is seen, and not kept.
+    #[test]
+    fn a_phase_waits_for_a_slow_neighbour() {
+        let rate = |g: f64| if g > 2.0 { 1.25 } else { 1.0 };
+        let latency = |g: f64| if g > 2.0 { 2_000.0 } else { 1_000.0 };
+        let mut p = GainProbe::new(2.0, 64.0);
+        let mut st = (0, 0.0, NeighbourTotals { id: 7, ..NeighbourTotals::default() });
+        drive_beside_every(&mut p, 400, rate, latency, 3, 1, true, &mut st);
+        assert_eq!(p.counts().up_kept, 0, "{:?}", p.counts());
+        assert!(p.counts().up >= 1, "{:?}", p.counts());
+        assert!(p.gain() <= 2.0, "{}", p.gain());
+    }
+
+    /// A gate whose window is above its application's demand (every
+    /// round application-limited, as a QD 128 writer at gain 22.8 in the
+    /// guest): alone, every cruise is undecided and the gain stays; beside
+    /// a busy neighbour whose latency follows the gain, it is probed down,
+    /// to one bandwidth-delay product.
+    #[test]
+    fn a_window_above_the_demand_comes_down_beside_a_busy_neighbour() {
+        let latency = |g: f64| 1_000.0 * g.min(30.0);
+        let mut alone = GainProbe::new(2.0, 64.0);
+        alone.gain = 22.8;
+        let mut st = (0, 0.0, NeighbourTotals::default());
+        drive_beside_every(&mut alone, 2000, |_| 1.0, latency, 1, 0, false, &mut st);
+        assert_eq!(alone.gain(), 22.8);
+        assert!(alone.counts().undecided > 10, "{:?}", alone.counts());
+
+        let mut seen = GainProbe::new(2.0, 64.0);
+        seen.gain = 22.8;
+        let mut st = (0, 0.0, NeighbourTotals { id: 7, ..NeighbourTotals::default() });
+        drive_beside_every(&mut seen, 4000, |_| 1.0, latency, 1, 20, false, &mut st);
+        assert_eq!(seen.gain(), SHARED_MIN_GAIN, "{:?}", seen.counts());
     }
 
     /// A writer whose every step up pays it 6 % (above `UP_GAIN`, as a

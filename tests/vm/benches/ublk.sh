@@ -232,8 +232,12 @@ qos = "none"
 EOC
     start_daemon gimbal-sim gimbal-target run --config /tmp/sim-target.toml
     wait_for "sim target listens on :4421" 20 gimbal_listening 4421 || exit 1
+    # The tenants' servers log every gain probe's comparison (own
+    # throughput, the neighbour's latency), shown after their rounds.
+    export RUST_LOG=info,ublk_target::qos=debug
     volume R_DEV reader 4421 $SIM_NQN 1 1 auto || exit 1
     volume W_DEV writer 4421 $SIM_NQN 1 1 auto || exit 1
+    unset RUST_LOG
 fi
 
 # matrix_job ROUND JOB RW BS QD [JOBS]: JOB on every host back to back.
@@ -477,6 +481,11 @@ while [ $round -le "$ROUNDS" ] && { [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; }; 
     fi
     round=$((round + 1))
 done
+if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
+    log "the writer's gain probes over the tenant rounds (last 80):"
+    grep -a 'probe \(up\|down\) from gain' "${UBLK_NVMF_RUN_DIR:-/run/ublk-nvmf}/writer.log" 2>/dev/null |
+        tail -n 80 | sed 's/^/    writer | /'
+fi
 
 # --- part 3: profiles --------------------------------------------------------
 # profile HOST JOB DEV RW BS: perf over BENCH_SECS of the job, after 2 s.

@@ -1002,6 +1002,10 @@ impl<T> QueueQos<T> {
         let counted = !ticket.uncounted.remove(r);
         if let Some(g) = self.gates.get_mut(r).filter(|_| counted) {
             let latency = now.nanos_since(ticket.sent_at);
+            let compared = log::log_enabled!(log::Level::Debug).then(|| {
+                let (c, _) = g.gain_probes();
+                c.up + c.down
+            });
             if let Some(Some(slot)) = self.slots.get(r) {
                 slot.publish(latency);
                 // Fresh against a probe phase's length (tens of rounds),
@@ -1020,6 +1024,25 @@ impl<T> QueueQos<T> {
                 }
             }
             g.on_completion(now, ticket.kind, ticket.bytes, latency, Some(dw1));
+            if let (Some(n), Some(c)) = (compared, g.last_comparison()) {
+                let (counts, young) = g.gain_probes();
+                if counts.up + counts.down != n {
+                    log::debug!(
+                        "queue {} replica {r}: probe {} from gain {:.2}: own {:+.1} %, neighbours' latency {:+.1} %; gain now {:.2}{} (kept up {}/{}, down {}/{})",
+                        self.qid,
+                        if c.up { "up" } else { "down" },
+                        c.gain,
+                        (c.own - 1.0) * 100.0,
+                        (c.cost.exp() - 1.0) * 100.0,
+                        g.gain(),
+                        if young { ", young" } else { "" },
+                        counts.up_kept,
+                        counts.up,
+                        counts.down_kept,
+                        counts.down
+                    );
+                }
+            }
             if ticket.read {
                 let _ = self.selector.on_completion(r, Some(latency));
             }
