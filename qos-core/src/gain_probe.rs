@@ -392,8 +392,14 @@ impl GainProbe {
         self.startup
     }
 
+    /// A young gate's double step, but never beside a busy neighbour: in
+    /// the guest a writer beside a QD 1 reader whose rate had just
+    /// changed (young again) doubled from gain 2.4 to 5.4 on one probe
+    /// that paid it 64 % for 15 % of the reader's latency, and its next
+    /// probe, up from 5.4, cost the reader 113 % for nothing: the single
+    /// steps stop at the knee in between.
     fn up_step(&self) -> f64 {
-        if self.startup {
+        if self.startup && !self.shared {
             STARTUP_STEP
         } else {
             STEP
@@ -1059,6 +1065,27 @@ mod tests {
         }
     }
 
+    /// A young gate beside a busy neighbour steps by `STEP`, not
+    /// `STARTUP_STEP`, even where its probes pay and cost the neighbour
+    /// nothing.
+    #[test]
+    fn a_young_gate_beside_a_busy_neighbour_steps_singly() {
+        let mut p = GainProbe::new(2.0, 64.0);
+        let mut st = (
+            0,
+            0.0,
+            NeighbourTotals {
+                id: 7,
+                ..NeighbourTotals::default()
+            },
+        );
+        while p.counts().up_kept == 0 {
+            drive_beside(&mut p, 1, |g| g, |_| 1_000.0, 20, &mut st);
+        }
+        assert_eq!(p.gain(), 2.0 * STEP);
+        assert!(p.in_startup());
+    }
+
     /// A QD 1 neighbour that completes one request every three rounds
     /// (5 in a phase's 12, under `MIN_COMPLETIONS`): the phase goes on
     /// until it has enough, so a young writer's double step that pays it
@@ -1069,7 +1096,14 @@ mod tests {
         let rate = |g: f64| if g > 2.0 { 1.25 } else { 1.0 };
         let latency = |g: f64| if g > 2.0 { 2_000.0 } else { 1_000.0 };
         let mut p = GainProbe::new(2.0, 64.0);
-        let mut st = (0, 0.0, NeighbourTotals { id: 7, ..NeighbourTotals::default() });
+        let mut st = (
+            0,
+            0.0,
+            NeighbourTotals {
+                id: 7,
+                ..NeighbourTotals::default()
+            },
+        );
         drive_beside_every(&mut p, 400, rate, latency, 3, 1, true, &mut st);
         assert_eq!(p.counts().up_kept, 0, "{:?}", p.counts());
         assert!(p.counts().up >= 1, "{:?}", p.counts());
@@ -1093,7 +1127,14 @@ mod tests {
 
         let mut seen = GainProbe::new(2.0, 64.0);
         seen.gain = 22.8;
-        let mut st = (0, 0.0, NeighbourTotals { id: 7, ..NeighbourTotals::default() });
+        let mut st = (
+            0,
+            0.0,
+            NeighbourTotals {
+                id: 7,
+                ..NeighbourTotals::default()
+            },
+        );
         drive_beside_every(&mut seen, 4000, |_| 1.0, latency, 1, 20, false, &mut st);
         assert_eq!(seen.gain(), SHARED_MIN_GAIN, "{:?}", seen.counts());
     }
