@@ -1401,18 +1401,8 @@ mod tests {
     /// the device sustains, since its completions come in bunches.
     #[test]
     fn estimate_protects_a_reader_beside_a_writer_on_the_fragmented_model() {
-        let mut ratios = Vec::new();
-        for seed in 0..5 {
-            let (ratio, total, writer, _) = tenants_estimate_over_off(seed, 30, 20, 2 * MS, false);
-            assert!(
-                total >= 0.9,
-                "seed {seed}: total {total:.3}, reader p99 {ratio:.3} of off, window {:?}",
-                writer.window()
-            );
-            ratios.push(ratio);
-        }
-        ratios.sort_by(f64::total_cmp);
-        assert!(ratios[2] <= 0.5, "{ratios:?}");
+        let (median, _) = five_seeds_of_tenants(2 * MS, false);
+        assert!(median <= 0.5, "median {median}");
     }
 
     /// The same case with each gate told the other's totals (the
@@ -1424,19 +1414,29 @@ mod tests {
     /// with the device as busy.
     #[test]
     fn seen_neighbours_take_the_writers_queue_back_on_the_fragmented_model() {
-        let mut ratios = Vec::new();
+        let (median, gains) = five_seeds_of_tenants(5 * MS, true);
+        assert!(median <= 0.25, "median {median}");
+        assert!(gains.iter().all(|g| *g < 2.0), "{gains:?}");
+    }
+
+    /// Seeds 0-4 of the tenants after a 30-s warm-up: each keeps the
+    /// device's total at 0.9 of off or more; returns the median reader
+    /// p99 over off and the writer's gains.
+    fn five_seeds_of_tenants(path_ns: u64, shadow: bool) -> (f64, Vec<f64>) {
+        let (mut ratios, mut gains) = (Vec::new(), Vec::new());
         for seed in 0..5 {
-            let (ratio, total, writer, _) = tenants_estimate_over_off(seed, 30, 20, 5 * MS, true);
+            let (ratio, total, writer, _) =
+                tenants_estimate_over_off(seed, 30, 20, path_ns, shadow);
             assert!(
                 total >= 0.9,
                 "seed {seed}: total {total:.3}, reader p99 {ratio:.3} of off, window {:?}",
                 writer.window()
             );
-            assert!(writer.gain() < 2.0, "seed {seed}: gain {}", writer.gain());
             ratios.push(ratio);
+            gains.push(writer.gain());
         }
         ratios.sort_by(f64::total_cmp);
-        assert!(ratios[2] <= 0.25, "{ratios:?}");
+        (ratios[2], gains)
     }
 
     /// The model's numbers for docs/benchmarks.md ("The tenants on the sim
