@@ -116,11 +116,19 @@
 //!   a writer's bandwidth estimate can read 2.5-3.8x what a device that
 //!   completes in bunches sustains (docs/benchmarks.md, "The tenants on
 //!   the sim device's own model"), so `min`'s two products may be six.
-//!   Measured on that model (`tenants_on_the_sim_device_report` in
-//!   `credit_gate`): the reader's p99 over credits off, median over 20
+//!   Three more rules, each from a probe log of the guest's tenants
+//!   (docs/benchmarks.md, "Neighbours seen"): a phase is stretched (up to
+//!   [`EXTEND`]x) until a slow neighbour has completed enough requests to
+//!   count; beside a busy neighbour an application-limited cruise still
+//!   leads to a probe down, since a window that grew above its demand
+//!   would otherwise never come down; and no double steps while a
+//!   neighbour is busy.
+//!   Measured on the `sim` device's model (`tenants_on_the_sim_device_report`
+//!   in `credit_gate`): the reader's p99 over credits off, median over 20
 //!   seeds after a 30-s warm-up, from 0.195/0.223/0.338 unseen to
-//!   0.164/0.151/0.202 seen (paths 1/2/5 ms), the device's total up,
-//!   not down.
+//!   0.079/0.081/0.188 seen (paths 1/2/5 ms), the device's total up,
+//!   not down. In the guest (an acceptance run): 0.365, against 0.500
+//!   and 0.543 in the last two.
 //! - Decisions: STEP 1.5 (a probe adds half the window: a quarter of the
 //!   gain's range per step, and a reader beside a probing writer sees at
 //!   most 1.5× the queue for a probe's length); UP_GAIN 5 % and DOWN_LOSS
