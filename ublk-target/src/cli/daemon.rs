@@ -409,16 +409,55 @@ fn control_reload(vol: &Volume) -> String {
         Err(e) => return format!("error: {e}\n"),
     };
     let q = &vol.qos;
+    let at_start = startup_only_changes(&q.settings(), &c.qos);
     q.apply(q.now(Instant::now()), &c.qos);
     let mut old = vol.config.clone();
     old.qos = c.qos;
     let line = format_settings(&c.qos);
     log::warn!("volume {}: qos reloaded: {line}", vol.config.name);
-    if old != c {
-        format!("{line}\nnote: changes outside [qos] need a restart\n")
-    } else {
-        format!("{line}\n")
+    let mut reply = format!("{line}\n");
+    if !at_start.is_empty() {
+        reply += &format!(
+            "note: {} change(s) take effect at the next start (the gates are built with them)\n",
+            at_start.join(", ")
+        );
     }
+    if old != c {
+        reply += "note: changes outside [qos] need a restart\n";
+    }
+    reply
+}
+
+/// The `[qos]` keys that differ between `old` and `new` but are read only
+/// when the volume starts: the estimate's shape, which each queue's gate
+/// is built with.
+fn startup_only_changes(
+    old: &ublk_target::qos::QosConfig,
+    new: &ublk_target::qos::QosConfig,
+) -> Vec<&'static str> {
+    [
+        ("qos.estimate_gain", old.estimate_gain != new.estimate_gain),
+        (
+            "qos.estimate_gain_max",
+            old.estimate_gain_max != new.estimate_gain_max,
+        ),
+        (
+            "qos.estimate_base_window_ms",
+            old.estimate_base_window_ms != new.estimate_base_window_ms,
+        ),
+        (
+            "qos.estimate_neighbours",
+            old.estimate_neighbours != new.estimate_neighbours,
+        ),
+        (
+            "qos.initial_window",
+            old.initial_window != new.initial_window,
+        ),
+        ("qos.max_window", old.max_window != new.max_window),
+    ]
+    .into_iter()
+    .filter_map(|(k, changed)| changed.then_some(k))
+    .collect()
 }
 
 fn format_settings(c: &ublk_target::qos::QosConfig) -> String {
@@ -1031,6 +1070,26 @@ mod tests {
     use super::*;
     use ublk_target::io::mapping::Geometry;
     use ublk_target::volume::TargetIdentity;
+
+    /// `reload` says which `[qos]` changes wait for a restart: the
+    /// estimate's shape is built into each queue's gate; limits and the
+    /// credit mode apply at once.
+    #[test]
+    fn reload_names_the_qos_keys_read_only_at_start() {
+        use ublk_target::qos::{apply_settings, QosConfig};
+        let old = QosConfig::new();
+        let limits = apply_settings(&old, &["riops=100", "credits=off"]).unwrap();
+        assert!(startup_only_changes(&old, &limits).is_empty());
+        let new = QosConfig {
+            estimate_gain: 3.0,
+            estimate_neighbours: false,
+            ..old
+        };
+        assert_eq!(
+            startup_only_changes(&old, &new),
+            ["qos.estimate_gain", "qos.estimate_neighbours"]
+        );
+    }
 
     fn state(volume: &str, dev_id: u32, pid: u32, gib: u64) -> DeviceState {
         DeviceState {
