@@ -1047,6 +1047,16 @@ mod tests {
         drive_beside_every(p, rounds, rate, latency, 1, per_round, true, state)
     }
 
+    /// The state [`drive_beside`] starts from: time 0, nothing
+    /// delivered, and a neighbour (token 7) that has completed nothing.
+    fn beside_a_neighbour() -> (u64, f64, NeighbourTotals) {
+        let neighbour = NeighbourTotals {
+            id: 7,
+            ..NeighbourTotals::default()
+        };
+        (0, 0.0, neighbour)
+    }
+
     /// As [`drive_beside`], the neighbour completing `per_rounds` requests
     /// every `every` rounds, and every round `bound` or not.
     #[allow(clippy::too_many_arguments)]
@@ -1079,14 +1089,7 @@ mod tests {
     #[test]
     fn a_young_gate_beside_a_busy_neighbour_steps_singly() {
         let mut p = GainProbe::new(2.0, 64.0);
-        let mut st = (
-            0,
-            0.0,
-            NeighbourTotals {
-                id: 7,
-                ..NeighbourTotals::default()
-            },
-        );
+        let mut st = beside_a_neighbour();
         while p.counts().up_kept == 0 {
             drive_beside(&mut p, 1, |g| g, |_| 1_000.0, 20, &mut st);
         }
@@ -1104,14 +1107,7 @@ mod tests {
         let rate = |g: f64| if g > 2.0 { 1.25 } else { 1.0 };
         let latency = |g: f64| if g > 2.0 { 2_000.0 } else { 1_000.0 };
         let mut p = GainProbe::new(2.0, 64.0);
-        let mut st = (
-            0,
-            0.0,
-            NeighbourTotals {
-                id: 7,
-                ..NeighbourTotals::default()
-            },
-        );
+        let mut st = beside_a_neighbour();
         drive_beside_every(&mut p, 400, rate, latency, 3, 1, true, &mut st);
         assert_eq!(p.counts().up_kept, 0, "{:?}", p.counts());
         assert!(p.counts().up >= 1, "{:?}", p.counts());
@@ -1135,14 +1131,7 @@ mod tests {
 
         let mut seen = GainProbe::new(2.0, 64.0);
         seen.gain = 22.8;
-        let mut st = (
-            0,
-            0.0,
-            NeighbourTotals {
-                id: 7,
-                ..NeighbourTotals::default()
-            },
-        );
+        let mut st = beside_a_neighbour();
         drive_beside_every(&mut seen, 4000, |_| 1.0, latency, 1, 20, false, &mut st);
         assert_eq!(seen.gain(), SHARED_MIN_GAIN, "{:?}", seen.counts());
     }
@@ -1165,14 +1154,7 @@ mod tests {
         assert_eq!(alone.last_cost(), 0.0, "an idle neighbour costs nothing");
 
         let mut seen = GainProbe::new(2.0, 64.0);
-        let mut st = (
-            0,
-            0.0,
-            NeighbourTotals {
-                id: 7,
-                ..NeighbourTotals::default()
-            },
-        );
+        let mut st = beside_a_neighbour();
         drive_beside(&mut seen, 3000, rate, latency, 20, &mut st);
         assert_eq!(seen.gain(), SHARED_MIN_GAIN, "{:?}", seen.counts());
         assert_eq!(seen.counts().up_kept, 0, "{:?}", seen.counts());
@@ -1185,14 +1167,7 @@ mod tests {
     #[test]
     fn a_neighbour_the_probe_does_not_slow_does_not_hold_it_back() {
         let mut p = GainProbe::new(2.0, 16.0);
-        let mut st = (
-            0,
-            0.0,
-            NeighbourTotals {
-                id: 7,
-                ..NeighbourTotals::default()
-            },
-        );
+        let mut st = beside_a_neighbour();
         drive_beside(&mut p, 2000, |g| g.min(8.0), |_| 5_000.0, 20, &mut st);
         assert!(p.gain() >= 8.0 / STEP, "{}", p.gain());
     }
