@@ -265,6 +265,8 @@ pub struct GainProbe {
     /// probe.
     neighbours_before: Vec<PhaseMean>,
     neighbours_probe: Vec<PhaseMean>,
+    /// Scratch for the phase just measured.
+    neighbours_now: Vec<PhaseMean>,
     /// The last comparison's cost to them ([`probe_cost`]).
     last_cost: f64,
     /// The last comparison decided, for operators' logs.
@@ -301,6 +303,7 @@ impl GainProbe {
             neighbours_start: Vec::new(),
             neighbours_before: Vec::new(),
             neighbours_probe: Vec::new(),
+            neighbours_now: Vec::new(),
             last_cost: 0.0,
             last: None,
             shared: false,
@@ -454,8 +457,24 @@ impl GainProbe {
         if self.round < len {
             return;
         }
-        let mut means = Vec::new();
+        // Into a buffer the probe keeps: a phase stretched for a slow
+        // neighbour computes this every round.
+        let mut means = std::mem::take(&mut self.neighbours_now);
         phase_means(&self.neighbours_start, &self.neighbours, &mut means);
+        self.end_phase(now, delivered_bytes, settle, &mut means);
+        self.neighbours_now = means;
+    }
+
+    /// The phase's last round, with its neighbours' `means`: decides, or
+    /// stretches the phase for a slow neighbour. A phase that keeps the
+    /// means swaps them with `means`, so the buffers are reused.
+    fn end_phase(
+        &mut self,
+        now: Nanos,
+        delivered_bytes: u64,
+        settle: u32,
+        means: &mut Vec<PhaseMean>,
+    ) {
         // A neighbour slower than the phase (a QD 1 reader completes a
         // few requests in a writer's 12 rounds at a small window) would
         // not count, and its cost would be 0: the phase goes on until it
@@ -515,7 +534,7 @@ impl GainProbe {
                     return;
                 }
                 self.before = Some(rate);
-                self.neighbours_before = means;
+                std::mem::swap(&mut self.neighbours_before, means);
                 self.phase = Phase::Probe { up };
             }
             // A probe up may outgrow the application's demand (not bound)
@@ -523,7 +542,7 @@ impl GainProbe {
             // A probe down below a bound cruise is bound itself.
             Phase::Probe { up } => {
                 self.probe = Some(rate);
-                self.neighbours_probe = means;
+                std::mem::swap(&mut self.neighbours_probe, means);
                 self.phase = Phase::After { up };
             }
             Phase::After { up } => {
@@ -533,8 +552,7 @@ impl GainProbe {
                 };
                 // The probe's throughput over its neighbours' latency
                 // ratio: proportional fairness (crate::neighbours).
-                self.last_cost =
-                    probe_cost(&self.neighbours_before, &self.neighbours_probe, &means);
+                self.last_cost = probe_cost(&self.neighbours_before, &self.neighbours_probe, means);
                 let cruise = (before + rate) / 2.0;
                 self.last = Some(Comparison {
                     up,
