@@ -2,9 +2,11 @@
 //! per target namespace, the running totals its gates' probes read
 //! (qos-core `neighbours`, which says why and how they are used).
 //!
-//! One file per namespace, `RUN_DIR/neighbours/<hash>` (`RUN_DIR` is
+//! One file per namespace, `RUN_DIR/neighbours/<hash>.v2` (`RUN_DIR` is
 //! `/run/ublk-nvmf` or `UBLK_NVMF_RUN_DIR`), where `<hash>` is the FNV-1a
-//! of `address:port/subnqn/nsid` with the address as resolved. Volumes
+//! of `address:port/subnqn/nsid` with the address as resolved and `v2`
+//! the layout (servers of another layout use other files, so an upgrade
+//! never reads a file it would misread). Volumes
 //! are separate processes (one `ublk-nvmf` per volume, as systemd runs
 //! them), so the view is a small shared mapping, not a channel:
 //!
@@ -16,7 +18,8 @@
 //! - A gate claims a free slot (owner 0), or one whose pid is gone (a
 //!   server killed with `kill -9` never released it), by compare-and-swap
 //!   through a "claiming" marker, so a reader never pairs a new token
-//!   with old totals. It publishes with two relaxed adds per completion
+//!   with old totals. The marker carries the claimer's pid, so a slot
+//!   whose claimer died between its two stores is free again too. It publishes with two relaxed adds per completion
 //!   and frees the slot when dropped.
 //! - A reader skips its own volume's slots (its queues are one tenant;
 //!   their probes must not judge each other), free ones and those being
@@ -45,9 +48,12 @@ const HEADER_WORDS: usize = 8;
 const WORDS: usize = HEADER_WORDS + SLOTS * SLOT_WORDS;
 /// The file's size.
 pub const FILE_BYTES: usize = WORDS * 8;
-/// "UBLKNBR" and the layout version 1.
-const MAGIC: u64 = 0x5542_4c4b_4e42_5201;
-const CLAIMING: u64 = u64::MAX;
+/// "UBLKNBR" and the layout version 2 (1 had a claiming marker without
+/// the claimer's pid).
+const MAGIC: u64 = 0x5542_4c4b_4e42_5202;
+/// The top bit of an owner word marks a slot being claimed, by the pid
+/// in the low bits; a token never has it.
+const CLAIMING: u64 = 1 << 63;
 
 /// Word offsets inside a slot.
 const OWNER: usize = 0;
@@ -77,7 +83,7 @@ pub fn file_name(addr: &str, subnqn: &str, nsid: u32) -> String {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    format!("{h:016x}")
+    format!("{h:016x}.v2")
 }
 
 impl NamespaceView {
@@ -160,12 +166,16 @@ impl NamespaceView {
         let pid = u64::from(std::process::id());
         for s in 0..SLOTS {
             let owner = self.slot(s, OWNER).load(Ordering::Acquire);
-            let free = owner == 0
-                || (owner != CLAIMING && !alive(self.slot(s, PID).load(Ordering::Relaxed)));
+            let holder = if owner & CLAIMING != 0 {
+                owner & !CLAIMING
+            } else {
+                self.slot(s, PID).load(Ordering::Relaxed)
+            };
+            let free = owner == 0 || !alive(holder);
             if !free
                 || self
                     .slot(s, OWNER)
-                    .compare_exchange(owner, CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                    .compare_exchange(owner, CLAIMING | pid, Ordering::AcqRel, Ordering::Relaxed)
                     .is_err()
             {
                 continue;
@@ -208,7 +218,7 @@ fn alive(pid: u64) -> bool {
 }
 
 /// A token no other live slot holds: the pid, the time and a counter,
-/// mixed; never 0 or the claiming marker.
+/// mixed; never 0, and never with the claiming bit.
 fn token() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -222,7 +232,7 @@ fn token() -> u64 {
     x ^= x >> 27;
     x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^= x >> 31;
-    x.clamp(1, CLAIMING - 1)
+    (x & !CLAIMING).max(1)
 }
 
 /// A volume's token for [`NamespaceView::claim`]: its queues' gates
@@ -256,7 +266,10 @@ impl NeighbourSlot {
         let v = &self.view;
         for s in 0..SLOTS {
             let id = v.slot(s, OWNER).load(Ordering::Acquire);
-            if id == 0 || id == CLAIMING || v.slot(s, GROUP).load(Ordering::Relaxed) == self.group {
+            if id == 0
+                || id & CLAIMING != 0
+                || v.slot(s, GROUP).load(Ordering::Relaxed) == self.group
+            {
                 continue;
             }
             let latency_ns = v.slot(s, LATENCY).load(Ordering::Relaxed);
@@ -363,7 +376,36 @@ mod tests {
         v.slot(5, PID).store(u64::from(pid), Ordering::Relaxed);
         let again = v.claim(g).expect("the dead pid's slot");
         assert_eq!(again.index, 5);
+        assert!(v.claim(g).is_none());
+        // A claimer that died between its compare-and-swap and its
+        // token's store leaves the claiming marker with its pid: free.
+        v.slot(9, OWNER)
+            .store(CLAIMING | u64::from(pid), Ordering::Release);
+        let third = v.claim(g).expect("the dead claimer's slot");
+        assert_eq!(third.index, 9);
+        // One being claimed by a live process is not taken.
+        v.slot(9, OWNER)
+            .store(CLAIMING | u64::from(std::process::id()), Ordering::Release);
+        drop(third);
+        assert!(v.claim(g).is_none(), "a live claimer keeps its slot");
         drop(held);
+    }
+
+    #[test]
+    fn a_slot_being_claimed_is_not_read() {
+        let d = dir();
+        let v = NamespaceView::open(d.path(), "ns").unwrap();
+        let me = v.claim(group_token()).unwrap();
+        let other = group_token();
+        v.slot(1, GROUP).store(other, Ordering::Relaxed);
+        v.slot(1, OWNER)
+            .store(CLAIMING | u64::from(std::process::id()), Ordering::Release);
+        let mut seen = Vec::new();
+        me.read(&mut seen);
+        assert!(seen.is_empty(), "{seen:?}");
+        v.slot(1, OWNER).store(42, Ordering::Release);
+        me.read(&mut seen);
+        assert_eq!(seen.len(), 1, "the same slot once claimed");
     }
 
     #[test]
@@ -384,7 +426,8 @@ mod tests {
     #[test]
     fn file_names_differ_by_every_part_of_the_key() {
         let n = file_name("127.0.0.1:4420", "nqn.a", 1);
-        assert_eq!(n.len(), 16);
+        assert_eq!(n.len(), 19);
+        assert!(n.ends_with(".v2"), "{n}");
         for other in [
             file_name("127.0.0.1:4421", "nqn.a", 1),
             file_name("127.0.0.1:4420", "nqn.b", 1),
