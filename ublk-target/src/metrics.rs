@@ -188,6 +188,18 @@ fn counters(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
         &[v],
         s.sends,
     );
+    e.counter(
+        "ublk_nvmf_socket_receives_total",
+        "Socket receives that brought bytes, direct ones included.",
+        &[v],
+        s.receives,
+    );
+    e.counter(
+        "ublk_nvmf_socket_direct_receives_total",
+        "Socket receives straight into a read's data (its buffer or pages).",
+        &[v],
+        s.direct_receives,
+    );
 }
 
 fn qos(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {

@@ -51,6 +51,12 @@ pub struct Stats {
     pub reconnects: AtomicU64,
     /// Socket sends (each carries one or more commands).
     pub sends: AtomicU64,
+    /// Socket receives that brought bytes: into the queue thread's
+    /// buffer, or straight into a read's buffer or pages (`direct_receives`).
+    /// Per read request, they say how many ring round trips its data took.
+    pub receives: AtomicU64,
+    /// Those of `receives` that went straight into a read's data.
+    pub direct_receives: AtomicU64,
     /// Write data bytes sent by reference (spliced from our pages, not
     /// copied by the socket: `engine::SendPlan`).
     pub spliced: AtomicU64,
@@ -134,6 +140,12 @@ pub struct StatsSnapshot {
     pub queue_failures: u64,
     /// Socket sends.
     pub sends: u64,
+    /// Socket receives that brought bytes.
+    #[serde(default)]
+    pub receives: u64,
+    /// Of those, straight into a read's data.
+    #[serde(default)]
+    pub direct_receives: u64,
     /// Write data bytes of those sent by reference (spliced).
     #[serde(default)]
     pub spliced_bytes: u64,
@@ -951,6 +963,8 @@ impl Volume {
             inflight: g(&s.inflight),
             queue_failures: g(&s.reconnects),
             sends: g(&s.sends),
+            receives: g(&s.receives),
+            direct_receives: g(&s.direct_receives),
             spliced_bytes: g(&s.spliced),
             zero_copy: ZeroCopySnapshot {
                 on: s.zero_copy.load(Ordering::Relaxed),

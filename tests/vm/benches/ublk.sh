@@ -124,7 +124,10 @@
 # "BENCH profile host=... job=... by=comm|comm,dso|sym|target-sym
 # share=... name=..." lines; and, counted over the same seconds by `perf
 # stat`, each process's system calls and context switches per second and
-# per fio I/O ("by=events comm=... event=... per_sec=... per_io=...").
+# per fio I/O ("by=events comm=... event=... per_sec=... per_io=...");
+# for our host also the volume's socket sends, receives and direct
+# receives per I/O from its status ("by=socket sends_per_io=...
+# receives_per_io=... direct_per_io=...").
 # BENCH_ONLY=profile runs only this part (with part 1's setup); it
 # honours BENCH_JOBS, and with BENCH_FIXED=1 profiles the 128k write a
 # third time as host ublk-fixed-off (credits off, write_pages_min=32k).
@@ -317,6 +320,13 @@ gate_counts() {
         sed -n 's/.*waited \([0-9]*\) of \([0-9]*\) (.* total \([0-9]*\) us).*/\2 \1 \3/p' | head -n 1
 }
 
+# socket_counts VOLUME: "sends receives direct" of the volume so far (its
+# status line "sends S (B bytes spliced), receives R (D direct)").
+socket_counts() {
+    ublk-nvmf status "$1" 2>/dev/null |
+        sed -n 's/.*sends \([0-9]*\) ([0-9]* bytes spliced), receives \([0-9]*\) (\([0-9]*\) direct).*/\1 \2 \3/p' | head -n 1
+}
+
 # gate_line ROUND HOST JOB MODE BEFORE AFTER REQUESTS GATED_MS: what the
 # gate did in one run (BEFORE/AFTER from gate_counts): requests admitted,
 # how many waited in the local queue for a credit or the limiter, their
@@ -498,11 +508,16 @@ profile() {
     # Beside the samples, over the same seconds: every process's system
     # calls and context switches (exact counts, not samples), to tell
     # per request what the target and the client do with each host.
+    # Our volume's socket counters over the same window (ublk hosts only).
+    _sock0=""
+    case "$1" in ublk*) _sock0=$(socket_counts ublka) ;; esac
     perf stat -a --per-thread -e raw_syscalls:sys_enter,sched:sched_switch -x, \
         -o /tmp/perf-stat.txt -- sleep "$SECS" >/tmp/perf-stat.log 2>&1 &
     _psp=$!
     perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
     _prc=$?
+    _sock1=""
+    [ -n "$_sock0" ] && _sock1=$(socket_counts ublka)
     wait $_psp
     _psrc=$?
     wait $_fp
@@ -535,6 +550,16 @@ profile() {
             /tmp/perf-stat.txt | sort | tee -a "$FIO_BENCH_OUT"
     else
         log "profile $1 $2: perf stat failed (exit $_psrc): $(tail -n 2 /tmp/perf-stat.log | tr '\n' ' ')"
+    fi
+    # Socket sends and receives per request (a receive is a ring round
+    # trip: how many a large read's data takes is what direct receives
+    # cost), from the volume's status over the window.
+    if [ -n "$_sock1" ]; then
+        printf '%s %s\n' "$_sock0" "$_sock1" | awk -v h="$1" -v j="$2" -v secs="$SECS" \
+            -v iops="$(awk -F';' '/^3;/ { print $8 + $49 }' /tmp/prof-fio.out)" '
+            NF == 6 && iops > 0 { n = secs * iops
+                printf "BENCH profile host=%s job=%s by=socket sends_per_io=%.2f receives_per_io=%.2f direct_per_io=%.2f\n",
+                    h, j, ($4 - $1) / n, ($5 - $2) / n, ($6 - $3) / n }' | tee -a "$FIO_BENCH_OUT"
     fi
     # Who calls the copies (console log only): the call chains of the
     # kernel's copy and page-clearing routines and of unresolved user code

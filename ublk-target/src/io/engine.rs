@@ -1595,6 +1595,12 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
         };
         let res = op(sqe).await;
         let mut e = engine.borrow_mut();
+        if res > 0 {
+            e.stats.receives.fetch_add(1, Ordering::Relaxed);
+            if direct.is_some() {
+                e.stats.direct_receives.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         if direct.is_some() {
             e.on_direct(path, generation, res);
         } else if res > 0 {
