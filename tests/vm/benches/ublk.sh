@@ -216,6 +216,10 @@ if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ] || [ "$ONLY" 
     wait_for "kernel host namespaces appear" 20 nvme_ns_dev $NQN 3 || exit 1
     KDEV=$(nvme_ns_dev $NQN 3)
     log "null namespace: ublka $D_A, ublkb $D_B, queues=2: ublkq2a $D_A2 / ublkq2b $D_B2, kernel $KDEV ($(ls /sys/block/${KDEV#/dev/}/mq | wc -l) hardware queues)"
+    # Where a clock read goes: only tsc (and paravirtual clocks) are read
+    # in the vDSO; with hpet or acpi_pm every clock_gettime of ours and of
+    # fio is a system call.
+    log "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>&1) (available: $(cat /sys/devices/system/clocksource/clocksource0/available_clocksource 2>&1))"
 fi
 
 # --- part 2 setup: the sim device on a second target, four volumes -------
@@ -511,7 +515,12 @@ profile() {
     # Our volume's socket counters over the same window (ublk hosts only).
     _sock0=""
     case "$1" in ublk*) _sock0=$(socket_counts ublka) ;; esac
-    perf stat -a --per-thread -e raw_syscalls:sys_enter,sched:sched_switch -x, \
+    # Clock reads that are system calls (see the clocksource line) are
+    # counted apart where the kernel has the tracepoint.
+    _ev=raw_syscalls:sys_enter,sched:sched_switch
+    perf stat -e syscalls:sys_enter_clock_gettime true >/dev/null 2>&1 &&
+        _ev=$_ev,syscalls:sys_enter_clock_gettime
+    perf stat -a --per-thread -e "$_ev" -x, \
         -o /tmp/perf-stat.txt -- sleep "$SECS" >/tmp/perf-stat.log 2>&1 &
     _psp=$!
     perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
