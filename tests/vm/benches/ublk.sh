@@ -549,8 +549,8 @@ profile() {
     # Per request: the counts over the window divided by fio's I/Os in it
     # (its IOPS, reads or writes, times the window). Thread names are
     # summed per process name (`comm-tid` in perf's output).
+    _iops=$(awk -F';' '/^3;/ { print $8 + $49 }' /tmp/prof-fio.out)
     if [ $_psrc -eq 0 ]; then
-        _iops=$(awk -F';' '/^3;/ { print $8 + $49 }' /tmp/prof-fio.out)
         awk -F, -v h="$1" -v j="$2" -v secs="$SECS" -v iops="$_iops" '
             NF >= 4 && $2 ~ /^[0-9]+$/ { c = $1; sub(/-[0-9]+$/, "", c); gsub(/ /, "", c); n[c "," $4] += $2 }
             END { for (k in n) { split(k, a, ","); if (n[k] >= secs * 10)
@@ -564,8 +564,7 @@ profile() {
     # trip: how many a large read's data takes is what direct receives
     # cost), from the volume's status over the window.
     if [ -n "$_sock1" ]; then
-        printf '%s %s\n' "$_sock0" "$_sock1" | awk -v h="$1" -v j="$2" -v secs="$SECS" \
-            -v iops="$(awk -F';' '/^3;/ { print $8 + $49 }' /tmp/prof-fio.out)" '
+        printf '%s %s\n' "$_sock0" "$_sock1" | awk -v h="$1" -v j="$2" -v secs="$SECS" -v iops="$_iops" '
             NF == 6 && iops > 0 { n = secs * iops
                 printf "BENCH profile host=%s job=%s by=socket sends_per_io=%.2f receives_per_io=%.2f direct_per_io=%.2f\n",
                     h, j, ($4 - $1) / n, ($5 - $2) / n, ($6 - $3) / n }' | tee -a "$FIO_BENCH_OUT"

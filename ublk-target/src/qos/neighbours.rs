@@ -6,9 +6,9 @@
 //! `/run/ublk-nvmf` or `UBLK_NVMF_RUN_DIR`), where `<hash>` is the FNV-1a
 //! of `address:port/subnqn/nsid` with the address as resolved and `v2`
 //! the layout (servers of another layout use other files, so an upgrade
-//! never reads a file it would misread). Volumes
-//! are separate processes (one `ublk-nvmf` per volume, as systemd runs
-//! them), so the view is a small shared mapping, not a channel:
+//! never reads a file it would misread). Volumes are separate processes
+//! (one `ublk-nvmf` per volume, as systemd runs them), so the view is a
+//! small shared mapping, not a channel:
 //!
 //! - A 64-byte header (magic and layout version), then [`SLOTS`] slots
 //!   of 64 bytes: owner token, pid, group (the volume), completions,
@@ -19,8 +19,9 @@
 //!   server killed with `kill -9` never released it), by compare-and-swap
 //!   through a "claiming" marker, so a reader never pairs a new token
 //!   with old totals. The marker carries the claimer's pid, so a slot
-//!   whose claimer died between its two stores is free again too. It publishes with two relaxed adds per completion
-//!   and frees the slot when dropped.
+//!   whose claimer died between its two stores is free again too. It
+//!   publishes with two relaxed adds per completion and frees the slot
+//!   when dropped.
 //! - A reader skips its own volume's slots (its queues are one tenant;
 //!   their probes must not judge each other), free ones and those being
 //!   claimed.
