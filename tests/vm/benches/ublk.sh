@@ -116,7 +116,7 @@
 #
 # Part 3, with BENCH_PERF=1 (the runner then puts perf in the guest): where
 # the guest's CPU time goes (issue 14: find it before changing the data
-# path). For 128k read, 128k write and 4k randread, QD 32, on
+# path). For 128k read, 128k write, 4k randread and 1M read, QD 32, on
 # ublk-credits-off and the kernel host: `perf record -a -g` (cpu-clock,
 # 499 Hz: TCG has no PMU) over BENCH_SECS of the job, then the share of
 # samples by command, by command and binary, by kernel/user symbol and by
@@ -127,7 +127,9 @@
 # per fio I/O ("by=events comm=... event=... per_sec=... per_io=...");
 # for our host also the volume's socket sends, receives and direct
 # receives per I/O from its status ("by=socket sends_per_io=...
-# receives_per_io=... direct_per_io=...").
+# receives_per_io=... direct_per_io=..."), and for every host the guest's
+# TCP counters that moved over those seconds, per I/O ("by=tcp
+# counter=TcpExt:DelayedACKs per_sec=... per_io=...").
 # BENCH_ONLY=profile runs only this part (with part 1's setup); it
 # honours BENCH_JOBS, and with BENCH_FIXED=1 profiles the 128k write a
 # third time as host ublk-fixed-off (credits off, write_pages_min=32k).
@@ -331,6 +333,14 @@ socket_counts() {
         sed -n 's/.*sends \([0-9]*\) ([0-9]* bytes spliced), receives \([0-9]*\) (\([0-9]*\) direct).*/\1 \2 \3/p' | head -n 1
 }
 
+# tcp_counts: the guest's TCP counters (/proc/net/snmp's Tcp and
+# /proc/net/netstat's TcpExt) as "Tcp:Name value" lines.
+tcp_counts() {
+    awk '$1 == "Tcp:" || $1 == "TcpExt:" { if (hdr[$1] == "") { hdr[$1] = $0; next }
+            split(hdr[$1], h); for (i = 2; i <= NF; i++) print $1 h[i], $i; hdr[$1] = "" }' \
+        /proc/net/snmp /proc/net/netstat 2>/dev/null
+}
+
 # gate_line ROUND HOST JOB MODE BEFORE AFTER REQUESTS GATED_MS: what the
 # gate did in one run (BEFORE/AFTER from gate_counts): requests admitted,
 # how many waited in the local queue for a credit or the limiter, their
@@ -523,8 +533,10 @@ profile() {
     perf stat -a --per-thread -e "$_ev" -x, \
         -o /tmp/perf-stat.txt -- sleep "$SECS" >/tmp/perf-stat.log 2>&1 &
     _psp=$!
+    tcp_counts >/tmp/tcp0.txt
     perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
     _prc=$?
+    tcp_counts >/tmp/tcp1.txt
     _sock1=""
     [ -n "$_sock0" ] && _sock1=$(socket_counts ublka)
     wait $_psp
@@ -569,6 +581,18 @@ profile() {
                 printf "BENCH profile host=%s job=%s by=socket sends_per_io=%.2f receives_per_io=%.2f direct_per_io=%.2f\n",
                     h, j, ($4 - $1) / n, ($5 - $2) / n, ($6 - $3) / n }' | tee -a "$FIO_BENCH_OUT"
     fi
+    # What TCP did per request over the window (every counter that moved
+    # at least once a second): delayed and quick ACKs, zero windows and
+    # window probes, retransmits, collapsed or pruned receive queues. The
+    # guest idles through most of a large job on either host (the
+    # profile's swapper share), so its requests wait on something other
+    # than a CPU, and a TCP timer is one candidate (issue 14).
+    awk -v h="$1" -v j="$2" -v secs="$SECS" -v iops="$_iops" '
+        NR == FNR { v0[$1] = $2; next }
+        ($1 in v0) && $2 - v0[$1] >= secs && iops > 0 {
+            printf "BENCH profile host=%s job=%s by=tcp counter=%s per_sec=%.0f per_io=%.3f\n",
+                h, j, $1, ($2 - v0[$1]) / secs, ($2 - v0[$1]) / secs / iops }' \
+        /tmp/tcp0.txt /tmp/tcp1.txt | tee -a "$FIO_BENCH_OUT"
     # Who calls the copies (console log only): the call chains of the
     # kernel's copy and page-clearing routines and of unresolved user code
     # (libc's memcpy/memset variants have no symbols in the guest).
@@ -578,7 +602,7 @@ profile() {
 }
 if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; then
     require_cmd perf || exit 1
-    for j in "128k-read-qd32 read 128k" "128k-write-qd32 write 128k" "4k-randread-qd32 randread 4k"; do
+    for j in "128k-read-qd32 read 128k" "128k-write-qd32 write 128k" "4k-randread-qd32 randread 4k" "1m-read-qd32 read 1m"; do
         set -- $j
         case ",${BENCH_JOBS:-$1}," in *",$1,"*) ;; *) continue ;; esac
         set_mode ublka off || exit 1

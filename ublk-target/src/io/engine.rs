@@ -81,6 +81,16 @@ pub const LARGE_READ_BYTES: u32 = 64 * 1024;
 /// this much of it is still due: below that, the `Recv` that also brings
 /// the PDUs behind it saves a ring round trip worth more than the copy.
 pub const DIRECT_MIN_BYTES: usize = 16 * 1024;
+/// A direct receive of at least this many bytes waits in the kernel until
+/// all of them have arrived (the socket's low-water mark raised to its
+/// length, see [`rx_task`]): a 1 MiB read's data then takes about one
+/// receive instead of ten. Below it the receive takes what has arrived:
+/// a 128 KiB read's data took 1.3 receives without the mark, and waiting
+/// for all of it left more unread in the socket, whose window then
+/// closed six times as often (0.25 zero-window advertisements per read
+/// against 0.04, `BENCH_PERF=1 BENCH_ONLY=profile tests/vm/run --bench
+/// ublk`, `by=tcp`).
+pub const LOWAT_MIN_BYTES: usize = 256 * 1024;
 /// Bytes gathered per send.
 pub const TX_LIMIT: usize = 256 * 1024;
 /// Write data (in-capsule or H2CData) of at least this many bytes is sent
@@ -232,6 +242,15 @@ pub enum DirectRecv {
         /// Length.
         len: usize,
     },
+}
+
+impl DirectRecv {
+    /// How many bytes the receive asks for.
+    fn len(&self) -> usize {
+        match *self {
+            DirectRecv::Mem { len, .. } | DirectRecv::Fixed { len, .. } => len,
+        }
+    }
 }
 
 /// The engine's paths as the requests' [`PartSink`].
@@ -1532,9 +1551,18 @@ impl Future for WaitFor {
 ///
 /// Each `Recv` goes into the thread's receive buffer, or, while the data of
 /// a C2HData PDU is due, straight into that data's place in the tag's
-/// buffer ([`Engine::rx_place`]). A direct `Recv` may still be in the ring
-/// when the connection is reset (command timeout, epoch change, the other
-/// socket direction failing): the queue then hands the request back
+/// buffer ([`Engine::rx_place`]). A direct receive of at least
+/// [`LOWAT_MIN_BYTES`] is the last of a linked chain that first raises
+/// the socket's `SO_RCVLOWAT` to its length and polls for that much, so
+/// that it completes once with all of it; the next buffered `Recv` is
+/// chained behind a setsockopt that lowers
+/// the mark again (it must return whatever arrives). A failed
+/// connection's abort and shutdown wake the poll whatever the mark (a
+/// hang-up is always reported), so a reset never leaves it waiting.
+///
+/// A direct `Recv` may still be in the ring when the connection is reset
+/// (command timeout, epoch change, the other socket direction failing):
+/// the queue then hands the request back
 /// (`take_unfinished`) and the engine may resubmit it, move it to another
 /// replica, or fail it, while the kernel can still write into the buffer
 /// (up to the rest of that PDU's data, from the old socket; the shutdown in
@@ -1558,11 +1586,21 @@ impl Future for WaitFor {
 /// going down) with such a `Recv` possibly still in the ring,
 /// `queue_main` keeps (leaks) the tag buffers, as this task leaks its
 /// receive buffer below, so the kernel never writes into freed memory.
-pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
+pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp, chain: ChainOp) {
     // Leaked on purpose: a Recv may still be in the ring when the thread's
     // executor is dropped at shutdown, and must never write into freed
     // memory. One buffer per queue thread.
     let buf: &'static mut [u8] = Box::leak(vec![0u8; RX_BYTES].into_boxed_slice());
+    // SO_RCVLOWAT's value for the setsockopt SQE, which the kernel reads
+    // when the SQE runs: leaked for the same reason.
+    let lowat: &'static mut libc::c_int = Box::leak(Box::new(1));
+    // The connection whose socket has a low-water mark above one byte
+    // (raised for a direct receive, lowered before the next buffered one).
+    let mut raised: Option<u64> = None;
+    // Cleared if the kernel cannot set socket options from the ring
+    // (before 6.7): direct receives then take what has arrived, as a
+    // plain Recv does.
+    let mut can_wait = true;
     loop {
         let (generation, fd) = WaitFor {
             engine: Rc::clone(&engine),
@@ -1574,26 +1612,84 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp) {
             let mut e = engine.borrow_mut();
             (e.rx_place(path, generation), e.rx_len(path))
         };
-        let sqe = match direct {
+        let sock = io_uring::types::Fd(fd);
+        let read = match direct {
             None => {
                 let len = short.min(buf.len()) as u32;
-                io_uring::opcode::Recv::new(io_uring::types::Fd(fd), buf.as_mut_ptr(), len).build()
+                io_uring::opcode::Recv::new(sock, buf.as_mut_ptr(), len).build()
             }
+            // MSG_WAITALL: the ring retries a short receive itself, so the
+            // PDU's data takes one completion even where the low-water
+            // mark below cannot be set.
             Some(DirectRecv::Mem { ptr, len }) => {
-                io_uring::opcode::Recv::new(io_uring::types::Fd(fd), ptr, len as u32).build()
+                io_uring::opcode::Recv::new(sock, ptr, len as u32)
+                    .flags(libc::MSG_WAITALL)
+                    .build()
             }
             // With a fixed buffer the address is the offset into it. A
             // READ on a socket returns what has arrived, as Recv does;
             // the socket has no file position (offset 0).
-            Some(DirectRecv::Fixed { tag, offset, len }) => io_uring::opcode::ReadFixed::new(
-                io_uring::types::Fd(fd),
-                offset as usize as *mut u8,
-                len as u32,
-                tag,
-            )
-            .build(),
+            Some(DirectRecv::Fixed { tag, offset, len }) => {
+                io_uring::opcode::ReadFixed::new(sock, offset as usize as *mut u8, len as u32, tag)
+                    .build()
+            }
         };
-        let res = op(sqe).await;
+        let set_lowat = |v: &mut libc::c_int, to: usize| {
+            *v = to.min(libc::c_int::MAX as usize) as libc::c_int;
+            io_uring::opcode::SetSockOpt::new(
+                sock,
+                libc::SOL_SOCKET as u32,
+                libc::SO_RCVLOWAT as u32,
+                (v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+            .build()
+            // A failed setsockopt must not cancel the receive behind it.
+            .flags(io_uring::squeue::Flags::IO_HARDLINK)
+        };
+        let res = match direct {
+            // The rest of a large PDU's data in one completion: the
+            // socket's low-water mark is raised to it and a poll waits for
+            // that much (TCP wakes it once, not per arrival), then the
+            // read takes it all. Without them the read returns what has
+            // arrived, and a 1 MiB read's data took about ten
+            // completions, each a trip through the ring and this thread.
+            Some(d) if can_wait && d.len() >= LOWAT_MIN_BYTES => {
+                let sqes = [
+                    set_lowat(lowat, d.len()),
+                    io_uring::opcode::PollAdd::new(sock, libc::POLLIN as u32)
+                        .build()
+                        .flags(io_uring::squeue::Flags::IO_HARDLINK),
+                    read,
+                ];
+                let r = chain(&sqes).await;
+                match r.first() {
+                    Some(&e) if e == -libc::EOPNOTSUPP || e == -libc::EINVAL => {
+                        log::info!(
+                            "path {path}: the kernel cannot set a socket's low-water mark \
+                             from io_uring ({}); large reads take more receives",
+                            std::io::Error::from_raw_os_error(-e)
+                        );
+                        can_wait = false;
+                    }
+                    Some(&0) => raised = Some(generation),
+                    _ => {}
+                }
+                // Fewer results: the ring had room for only part of the
+                // chain, and the read did not go (as if interrupted).
+                r.get(2).copied().unwrap_or(-libc::EINTR)
+            }
+            // A buffered receive must not wait for more than arrives: the
+            // next PDU may be a 16-byte response.
+            None if raised == Some(generation) => {
+                let r = chain(&[set_lowat(lowat, 1), read]).await;
+                if r.first() == Some(&0) {
+                    raised = None;
+                }
+                r.get(1).copied().unwrap_or(-libc::EINTR)
+            }
+            _ => op(read).await,
+        };
         let mut e = engine.borrow_mut();
         if res > 0 {
             e.stats.receives.fetch_add(1, Ordering::Relaxed);

@@ -376,8 +376,13 @@ fn queue_main(qid: u16, dev: &UblkDev, vol: Arc<Volume>) {
     }
     let paths = engine.borrow().path_count();
     for p in 0..paths {
-        exe.spawn(engine::rx_task(Rc::clone(&engine), p, uring_op))
-            .detach();
+        exe.spawn(engine::rx_task(
+            Rc::clone(&engine),
+            p,
+            uring_op,
+            uring_chain,
+        ))
+        .detach();
         exe.spawn(engine::tx_task(Rc::clone(&engine), p, uring_chain))
             .detach();
     }
