@@ -8,8 +8,12 @@
 #    killed in the middle: no I/O error, the volume runs degraded.
 # 4. Target 1 restarted: after its fence the replica resyncs the regions
 #    it missed and is in sync again.
-# 5. Target 2 killed: a full verification pass of everything fio wrote
-#    still succeeds, reading only replica 0, which proves it received the
+# 5. Target 2 stopped (SIGSTOP) under 1 MiB reads, whose data waits in
+#    the kernel until all of it has arrived (SO_RCVLOWAT): the keep-alive
+#    timeout resets its connections, and every read waiting on them comes
+#    back and is served by replica 0, with the same data. Then target 2
+#    is killed: a full verification pass of everything fio wrote still
+#    succeeds, reading only replica 0, which proves it received the
 #    writes it missed while it was down.
 # 6. Bad replica sets are refused with a clear error: different sizes.
 . /vm/lib.sh
@@ -106,7 +110,29 @@ check_output "the resync started with exactly the regions it missed" \
     "replica 0 is back; resyncing $dirty regions" cat /run/ublk-nvmf/mv.log
 grep -E 'replica|resync|fence' /run/ublk-nvmf/mv.log | sed 's/^/    daemon: /'
 
-# --- 5. target 2 dies: replica 0 alone must hold everything -------------------------
+# --- 5. target 2 stops, then dies: replica 0 alone must hold everything ---------------
+# A stopped target's sockets stay open, so a read whose data it had
+# half sent waits for the rest until the keep-alive timeout aborts the
+# connection: the abort must wake it (a hang here hangs fio).
+sum_of() { dd if=/dev/ublkb0 bs=1M count=48 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1; }
+before=$(sum_of)
+# Each writes a file when done (a finished child stays a zombie, which
+# `kill -0` still finds, until the script waits for it).
+rm -f /tmp/bigreads.rc /tmp/sum-during
+(
+    fio --name=bigreads --filename=/dev/ublkb0 --ioengine=libaio --direct=1 --rw=read --bs=1m \
+        --iodepth=32 --runtime=10 --time_based --size=48M >"$LOGDIR/fio-bigreads.log" 2>&1
+    echo $? >/tmp/bigreads.rc
+) &
+sleep 2
+check "target 2 stopped (SIGSTOP) during 1 MiB reads" kill -STOP "$(daemon_pid t2)"
+# A read pass that starts with target 2 stopped: its reads there wait
+# for the reset too.
+(sum_of >/tmp/sum-during.part && mv /tmp/sum-during.part /tmp/sum-during) &
+wait_for "1 MiB reads finished with target 2 stopped" 90 sh -c 'test -e /tmp/bigreads.rc && test -e /tmp/sum-during'
+check_output "1 MiB reads completed without an I/O error" "^0$" cat /tmp/bigreads.rc ||
+    tail -n 20 "$LOGDIR/fio-bigreads.log"
+check_output "a 1 MiB read pass during the stop read the same data ($before)" "^$before\$" cat /tmp/sum-during
 check "target 2 killed (SIGKILL)" kill -9 "$(daemon_pid t2)"
 check "a read after the kill still works" dd if=/dev/ublkb0 of=/dev/null bs=4096 count=16 iflag=direct
 wait_for "replica 1 out of sync" 30 sh -c "ublk-nvmf status mv | grep 'replica 1:' | grep -Eq ' (fencing|failed) '"
