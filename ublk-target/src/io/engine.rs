@@ -1555,18 +1555,18 @@ impl Future for WaitFor {
 /// [`LOWAT_MIN_BYTES`] is the last of a linked chain that first raises
 /// the socket's `SO_RCVLOWAT` to its length and polls for that much, so
 /// that it completes once with all of it; the next buffered `Recv` is
-/// chained behind a setsockopt that lowers
-/// the mark again (it must return whatever arrives). A failed
-/// connection's abort and shutdown wake the poll whatever the mark (a
-/// hang-up is always reported), so a reset never leaves it waiting.
+/// chained behind a setsockopt that lowers the mark again (it must
+/// return whatever arrives). A failed connection's abort and shutdown
+/// wake the poll whatever the mark (a hang-up is always reported), so a
+/// reset never leaves it waiting.
 ///
 /// A direct `Recv` may still be in the ring when the connection is reset
 /// (command timeout, epoch change, the other socket direction failing):
-/// the queue then hands the request back
-/// (`take_unfinished`) and the engine may resubmit it, move it to another
-/// replica, or fail it, while the kernel can still write into the buffer
-/// (up to the rest of that PDU's data, from the old socket; the shutdown in
-/// `on_failure` makes the `Recv` return soon). That is safe because:
+/// the queue then hands the request back (`take_unfinished`) and the
+/// engine may resubmit it, move it to another replica, or fail it, while
+/// the kernel can still write into the buffer (up to the rest of that
+/// PDU's data, from the old socket; the shutdown in `on_failure` makes
+/// the `Recv` return soon). That is safe because:
 ///
 /// - the tag stays pinned (`Path::rx_direct_tag`) until this task has seen
 ///   the `Recv`'s completion, and `poll_result` does not hand a pinned tag
