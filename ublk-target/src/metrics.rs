@@ -200,6 +200,12 @@ fn counters(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
         &[v],
         s.direct_receives,
     );
+    e.counter(
+        "ublk_nvmf_socket_waited_receives_total",
+        "Direct receives that waited in the kernel for all of their data (SO_RCVLOWAT).",
+        &[v],
+        s.waited_receives,
+    );
 }
 
 fn qos(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {

@@ -57,6 +57,11 @@ pub struct Stats {
     pub receives: AtomicU64,
     /// Those of `receives` that went straight into a read's data.
     pub direct_receives: AtomicU64,
+    /// Those of `direct_receives` that waited in the kernel for all of
+    /// their data (the socket's low-water mark raised to their length,
+    /// `engine::rx_task`). Zero on kernels that cannot set socket options
+    /// from io_uring (before 6.7), where large reads take more receives.
+    pub waited_receives: AtomicU64,
     /// Write data bytes sent by reference (spliced from our pages, not
     /// copied by the socket: `engine::SendPlan`).
     pub spliced: AtomicU64,
@@ -146,6 +151,9 @@ pub struct StatsSnapshot {
     /// Of those, straight into a read's data.
     #[serde(default)]
     pub direct_receives: u64,
+    /// Of those, waited in the kernel for all of their data.
+    #[serde(default)]
+    pub waited_receives: u64,
     /// Write data bytes of those sent by reference (spliced).
     #[serde(default)]
     pub spliced_bytes: u64,
@@ -965,6 +973,7 @@ impl Volume {
             sends: g(&s.sends),
             receives: g(&s.receives),
             direct_receives: g(&s.direct_receives),
+            waited_receives: g(&s.waited_receives),
             spliced_bytes: g(&s.spliced),
             zero_copy: ZeroCopySnapshot {
                 on: s.zero_copy.load(Ordering::Relaxed),

@@ -26,6 +26,10 @@ ublk_fio_matrix gimbal /dev/ublkb0
 fio_verify "gimbal: verify 128k sequential reads (data straight into the pages)" /dev/ublkb0 write 128k 32 32M
 check_output "zero copy: read data went straight into the request's pages" '"read_direct_bytes":[1-9]' ublk-nvmf status gfile --json
 check_output "zero copy: the rest of the read data was copied in" '"read_copied_bytes":[1-9]' ublk-nvmf status gfile --json
+# The matrix's reads of 256 KiB and more: the rest of each one's data was
+# read into its pages in one receive, which the socket's low-water mark
+# (raised from io_uring, Linux 6.7+) held back until all of it arrived.
+check_output "zero copy: large reads' data waited in the kernel for all of it (SO_RCVLOWAT)" '"waited_receives":[1-9]' ublk-nvmf status gfile --json
 check_output "zero copy: large writes' data was spliced (the default)" '"spliced_bytes":[1-9]' ublk-nvmf status gfile --json
 check_output "zero copy: no write was sent from the request's pages by default" '"write_direct_bytes":0[,}]' ublk-nvmf status gfile --json
 # The other way zero copy can send a large write, switched at run time:
@@ -85,6 +89,7 @@ ublk_fio_matrix nvmet "$dev"
 check "nvmet: blkdiscard" blkdiscard_real "$dev"
 ublk_fsync_heavy nvmet "$dev"
 check_output "nvmet: no errors" '"errors":0' ublk-nvmf status kfile --json
+check_output "nvmet: large reads' data waited in the kernel for all of it, into the tag buffer" '"waited_receives":[1-9]' ublk-nvmf status kfile --json
 # Without zero copy a large write's data is in the tag buffer: it went to
 # the socket by reference (vmsplice + splice), and the verified runs above
 # read back what it carried.

@@ -703,7 +703,7 @@ fn format_priority(p: &ublk_target::volume::PrioritySnapshot) -> String {
 fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
     format!(
         "volume {}: {} -> {} {} ({})\n  reads {} ({} bytes), writes {} ({} bytes), flushes {}, discards {}\n  \
-         errors {}, in flight {}, queue failures {}, controller resets {}, sends {} ({} bytes spliced), receives {} ({} direct)\n{}",
+         errors {}, in flight {}, queue failures {}, controller resets {}, sends {} ({} bytes spliced), receives {} ({} direct, {} waited)\n{}",
         s.volume,
         s.device,
         s.target,
@@ -723,6 +723,7 @@ fn format_counters(s: &ublk_target::volume::StatsSnapshot) -> String {
         s.spliced_bytes,
         s.receives,
         s.direct_receives,
+        s.waited_receives,
         if s.zero_copy.on {
             format!(
                 "  zero copy: on, read bytes {} direct, {} copied; write bytes {} direct\n",

@@ -1647,6 +1647,9 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp, chai
             // A failed setsockopt must not cancel the receive behind it.
             .flags(io_uring::squeue::Flags::IO_HARDLINK)
         };
+        // Whether this receive's socket had its mark raised to the
+        // receive's length (counted as a waited receive if it brings data).
+        let mut waited = false;
         let res = match direct {
             // The rest of a large PDU's data in one completion: the
             // socket's low-water mark is raised to it and a poll waits for
@@ -1672,7 +1675,10 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp, chai
                         );
                         can_wait = false;
                     }
-                    Some(&0) => raised = Some(generation),
+                    Some(&0) => {
+                        raised = Some(generation);
+                        waited = true;
+                    }
                     _ => {}
                 }
                 // Fewer results: the ring had room for only part of the
@@ -1695,6 +1701,9 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp, chai
             e.stats.receives.fetch_add(1, Ordering::Relaxed);
             if direct.is_some() {
                 e.stats.direct_receives.fetch_add(1, Ordering::Relaxed);
+            }
+            if waited {
+                e.stats.waited_receives.fetch_add(1, Ordering::Relaxed);
             }
         }
         if direct.is_some() {
