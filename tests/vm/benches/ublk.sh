@@ -73,7 +73,10 @@
 # order in odd rounds, reversed in even ones; the tenant rounds run after
 # all matrix rounds, see below). Reported: the reader's p99 and IOPS, the writer's IOPS and MiB/s, the total bytes/s of
 # both; then reader p99 default/off (goal <= 0.5) and total default/off
-# (goal >= 0.9) per round, median and spread.
+# (goal >= 0.9) per round, median and spread. Then the same rounds with
+# the kernel's NVMe/TCP host as the reader ("a volume beside a second
+# client": case=second-client in the BENCH lines), which no gate of ours
+# sees.
 # Memory: the guest gets 4 GiB (the vm-mem header). With 2 GiB, on Debian
 # 6.18's larger initramfs, the sim target (it keeps what the writer wrote,
 # up to 512 MiB) and later ublk-nvmf (~280 MiB of tag buffers over its
@@ -127,7 +130,7 @@
 # per fio I/O ("by=events comm=... event=... per_sec=... per_io=...");
 # for our host also the volume's socket sends, receives and direct
 # receives per I/O from its status ("by=socket sends_per_io=...
-# receives_per_io=... direct_per_io=..."), and for every host the guest's
+# receives_per_io=... direct_per_io=... waited_per_io=..."), and for every host the guest's
 # TCP counters that moved over those seconds, per I/O ("by=tcp
 # counter=TcpExt:DelayedACKs per_sec=... per_io=...").
 # BENCH_ONLY=profile runs only this part (with part 1's setup); it
@@ -326,11 +329,12 @@ gate_counts() {
         sed -n 's/.*waited \([0-9]*\) of \([0-9]*\) (.* total \([0-9]*\) us).*/\2 \1 \3/p' | head -n 1
 }
 
-# socket_counts VOLUME: "sends receives direct" of the volume so far (its
-# status line "sends S (B bytes spliced), receives R (D direct)").
+# socket_counts VOLUME: "sends receives direct waited" of the volume so
+# far (its status line "sends S (B bytes spliced), receives R (D direct,
+# W waited)").
 socket_counts() {
     ublk-nvmf status "$1" 2>/dev/null |
-        sed -n 's/.*sends \([0-9]*\) ([0-9]* bytes spliced), receives \([0-9]*\) (\([0-9]*\) direct).*/\1 \2 \3/p' | head -n 1
+        sed -n 's/.*sends \([0-9]*\) ([0-9]* bytes spliced), receives \([0-9]*\) (\([0-9]*\) direct, \([0-9]*\) waited).*/\1 \2 \3 \4/p' | head -n 1
 }
 
 # tcp_counts: the guest's TCP counters (/proc/net/snmp's Tcp and
@@ -377,11 +381,14 @@ tenant_fio() {
         --randrepeat=0 --norandommap --output-format=terse --terse-version=3 >"$1" 2>&1
 }
 
-# tenants ROUND MODE READER_DEV WRITER_DEV: the reader and the writer
-# together, both volumes set to MODE (default: auto).
+# tenants ROUND MODE READER_DEV WRITER_DEV [CASE]: the reader and the
+# writer together, both volumes set to MODE (default: auto). CASE
+# two-tenants (the default): the reader is volume `reader`; second-client:
+# it is the kernel host's device, and only the writer's mode changes.
 tenants() {
+    _case=${5:-two-tenants}
     if [ "$2" = default ]; then _m=auto; else _m=$2; fi
-    set_mode reader $_m || return 1
+    if [ "$_case" = two-tenants ]; then set_mode reader $_m || return 1; fi
     set_mode writer $_m || return 1
     tenant_fio /tmp/tw.out "$4" randwrite 128 &
     _p=$!
@@ -390,27 +397,27 @@ tenants() {
     wait $_p
     _wrc=$?
     if [ $_rc -ne 0 ] || [ $_wrc -ne 0 ] || ! grep -q '^3;' /tmp/tr.out || ! grep -q '^3;' /tmp/tw.out; then
-        fail "two tenants, round $1, credits $2 (reader exit $_rc, writer exit $_wrc)"
+        fail "$_case, round $1, credits $2 (reader exit $_rc, writer exit $_wrc)"
         tail -n 5 /tmp/tr.out /tmp/tw.out | sed 's/^/    | /'
         return 1
     fi
-    pass "two tenants, round $1, credits $2"
+    pass "$_case, round $1, credits $2"
     # Where the writer's estimate stood (a reader p99 ratio is read
     # against the writer's gain: a young writer climbs by probes).
-    [ "$2" = default ] && log "round $1 tenants, writer after: $(ublk-nvmf status writer 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
+    [ "$2" = default ] && log "round $1 $_case, writer after: $(ublk-nvmf status writer 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
     # Terse v3: 6/7/8 read KiB, KiB/s, IOPS, 18..37 read clat percentiles;
     # 47/48/49 and 59..78 the same for writes.
     {
         grep '^3;' /tmp/tr.out | sed 's/^/R;/'
         grep '^3;' /tmp/tw.out | sed 's/^/W;/'
-    } | awk -F';' -v r="$1" -v m="$2" -v sc="$SCALE" -v max="$SIM_WRITE_IOPS" '
+    } | awk -F';' -v r="$1" -v m="$2" -v c="$_case" -v sc="$SCALE" -v max="$SIM_WRITE_IOPS" '
         function p99(from, i, a) { for (i = from; i < from + 20; i++) if ($i ~ /^99\.000000%=/) { split($i, a, "="); return a[2] } return 0 }
         # Fields are shifted by one by the R;/W; prefix.
         $1 == "R" { rk = $8; ri = $9; rp = p99(19) }
         $1 == "W" { wk = $49; wi = $50; wp = p99(60) }
         END {
-            printf "BENCH round=%s tenants=%s reader_iops=%d reader_p99_us=%d writer_iops=%d writer_mibps=%.2f writer_p99_us=%d total_kibps=%d writer_device_share=%.2f\n",
-                r, m, ri, rp, wi, wk / 1024, wp, rk + wk, wi * sc / max }' | tee -a "$FIO_BENCH_OUT"
+            printf "BENCH round=%s tenants=%s case=%s reader_iops=%d reader_p99_us=%d writer_iops=%d writer_mibps=%.2f writer_p99_us=%d total_kibps=%d writer_device_share=%.2f\n",
+                r, m, c, ri, rp, wi, wk / 1024, wp, rk + wk, wi * sc / max }' | tee -a "$FIO_BENCH_OUT"
 }
 
 # placement WHEN: where each matrix volume's threads and memory are (console
@@ -505,6 +512,31 @@ while [ $round -le "$ROUNDS" ] && { [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; }; 
     fi
     round=$((round + 1))
 done
+# A volume beside a second client: the reader is the kernel's NVMe/TCP
+# host on the same sim namespace, which no gate of ours sees (the
+# neighbours view covers this host's volumes only, and volume `reader`
+# idles), so only the writer's own estimate and gain probe protect it:
+# Flint's case of a tenant on another host, without a controller. The
+# same rounds, writer default against off.
+if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
+    if check "kernel host connects to the sim namespace" nvme connect -t tcp -a 127.0.0.1 -s 4421 -n $SIM_NQN &&
+        wait_for "the kernel host's sim namespace appears" 20 nvme_ns_dev $SIM_NQN 1; then
+        KSIM=$(nvme_ns_dev $SIM_NQN 1)
+        log "second client: the kernel host's $KSIM reads beside the writer's $W_DEV"
+        round=1
+        while [ $round -le "$ROUNDS" ]; do
+            if [ $((round % 2)) -eq 1 ]; then
+                tenants $round default "$KSIM" "$W_DEV" second-client
+                tenants $round off "$KSIM" "$W_DEV" second-client
+            else
+                tenants $round off "$KSIM" "$W_DEV" second-client
+                tenants $round default "$KSIM" "$W_DEV" second-client
+            fi
+            round=$((round + 1))
+        done
+        check "the kernel host leaves the sim namespace" nvme disconnect -n $SIM_NQN
+    fi
+fi
 if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
     log "the writer's gain probes over the tenant rounds (last 80):"
     grep -a 'probe \(up\|down\) from gain' "${UBLK_NVMF_RUN_DIR:-/run/ublk-nvmf}/writer.log" 2>/dev/null |
@@ -577,9 +609,9 @@ profile() {
     # cost), from the volume's status over the window.
     if [ -n "$_sock1" ]; then
         printf '%s %s\n' "$_sock0" "$_sock1" | awk -v h="$1" -v j="$2" -v secs="$SECS" -v iops="$_iops" '
-            NF == 6 && iops > 0 { n = secs * iops
-                printf "BENCH profile host=%s job=%s by=socket sends_per_io=%.2f receives_per_io=%.2f direct_per_io=%.2f\n",
-                    h, j, ($4 - $1) / n, ($5 - $2) / n, ($6 - $3) / n }' | tee -a "$FIO_BENCH_OUT"
+            NF == 8 && iops > 0 { n = secs * iops
+                printf "BENCH profile host=%s job=%s by=socket sends_per_io=%.2f receives_per_io=%.2f direct_per_io=%.2f waited_per_io=%.2f\n",
+                    h, j, ($5 - $1) / n, ($6 - $2) / n, ($7 - $3) / n, ($8 - $4) / n }' | tee -a "$FIO_BENCH_OUT"
     fi
     # What TCP did per request over the window (every counter that moved
     # at least once a second): delayed and quick ACKs, zero windows and
@@ -906,13 +938,16 @@ grep '^BENCH gate round=' "$FIO_BENCH_OUT" | awk '
         printf "BENCH gate summary job=%s mode=%s runs=%d admitted=%d held=%d held_pct=%.2f held_mean_us=%d gate_share=%.4f bound=%.3f worst_run_bound=%.3f\n",
             b[1], b[2], n[k], ad[k], hd[k], (ad[k] > 0) ? 100 * hd[k] / ad[k] : 0, (hd[k] > 0) ? t[k] / hd[k] : 0,
             (rt[k] > 0) ? t[k] / rt[k] : 0, (rt[k] > 0) ? 1 - t[k] / rt[k] : 1, lo[k] } }'
-# The two tenants: default over off, per round, then median and spread.
-grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk "$AWK_STATS"'
+# The tenant cases (two-tenants, second-client): default over off, per
+# round, then median and spread.
+for c in two-tenants second-client; do
+    grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk -v c="$c" "$AWK_STATS"'
     function summary(name, goal, n, v, med) {
         sort(v, n); med = median(v, n)
-        printf "BENCH summary job=two-tenants ratio=%s median=%.3f min=%.3f max=%.3f rounds=%d goal=%s met=%s\n",
-            name, med, v[1], v[n], n, goal, (substr(goal, 1, 2) == "<=" ? (med <= substr(goal, 3) + 0) : (med >= substr(goal, 3) + 0)) ? "yes" : "no" }
-    { r = kv("round"); m = kv("tenants"); p[r, m] = kv("reader_p99_us"); t[r, m] = kv("total_kibps")
+        printf "BENCH summary job=%s ratio=%s median=%.3f min=%.3f max=%.3f rounds=%d goal=%s met=%s\n",
+            c, name, med, v[1], v[n], n, goal, (substr(goal, 1, 2) == "<=" ? (med <= substr(goal, 3) + 0) : (med >= substr(goal, 3) + 0)) ? "yes" : "no" }
+    (kv("case") == "" ? "two-tenants" : kv("case")) == c {
+      r = kv("round"); m = kv("tenants"); p[r, m] = kv("reader_p99_us"); t[r, m] = kv("total_kibps")
       if (!(r in seen)) { seen[r] = 1; rounds[++nr] = r } }
     END {
         n = 0
@@ -920,12 +955,13 @@ grep '^BENCH round=[0-9]* tenants=' "$FIO_BENCH_OUT" | awk "$AWK_STATS"'
             r = rounds[k]
             if (p[r, "off"] > 0 && t[r, "off"] > 0 && p[r, "default"] != "" && t[r, "default"] != "") {
                 n++; a[n] = p[r, "default"] / p[r, "off"]; b[n] = t[r, "default"] / t[r, "off"]
-                printf "BENCH round=%s job=two-tenants ratio=reader_p99_default/off value=%.3f\n", r, a[n]
-                printf "BENCH round=%s job=two-tenants ratio=total_default/off value=%.3f\n", r, b[n]
+                printf "BENCH round=%s job=%s ratio=reader_p99_default/off value=%.3f\n", r, c, a[n]
+                printf "BENCH round=%s job=%s ratio=total_default/off value=%.3f\n", r, c, b[n]
             }
         }
         if (n > 0) { summary("reader_p99_default/off", "<=0.5", n, a); summary("total_default/off", ">=0.9", n, b) }
     }'
+done
 
 for v in $VOLUMES; do
     echo "---- ublk-nvmf status $v ----"
