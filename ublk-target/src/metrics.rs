@@ -202,7 +202,7 @@ fn counters(e: &mut Exposition, v: (&str, &str), s: &StatsSnapshot) {
     );
     e.counter(
         "ublk_nvmf_socket_waited_receives_total",
-        "Direct receives that waited in the kernel for all of their data (SO_RCVLOWAT).",
+        "Direct receives that waited in the kernel for their data (SO_RCVLOWAT raised to their length).",
         &[v],
         s.waited_receives,
     );

@@ -57,10 +57,12 @@ pub struct Stats {
     pub receives: AtomicU64,
     /// Those of `receives` that went straight into a read's data.
     pub direct_receives: AtomicU64,
-    /// Those of `direct_receives` that waited in the kernel for all of
-    /// their data (the socket's low-water mark raised to their length,
-    /// `engine::rx_task`). Zero on kernels that cannot set socket options
-    /// from io_uring (before 6.7), where large reads take more receives.
+    /// Those of `direct_receives` that waited in the kernel for their
+    /// data (the socket's low-water mark raised to their length first,
+    /// `engine::rx_task`). TCP still wakes such a receive early when the
+    /// socket's receive memory fills, so one read's data can take more
+    /// than one. Zero on kernels that cannot set socket options from
+    /// io_uring (before 6.7), where large reads take more receives.
     pub waited_receives: AtomicU64,
     /// Write data bytes sent by reference (spliced from our pages, not
     /// copied by the socket: `engine::SendPlan`).
@@ -151,7 +153,7 @@ pub struct StatsSnapshot {
     /// Of those, straight into a read's data.
     #[serde(default)]
     pub direct_receives: u64,
-    /// Of those, waited in the kernel for all of their data.
+    /// Of those, waited in the kernel for their data (the low-water mark).
     #[serde(default)]
     pub waited_receives: u64,
     /// Write data bytes of those sent by reference (spliced).

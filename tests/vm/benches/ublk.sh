@@ -23,8 +23,11 @@
 #   ublk-copy         with BENCH_COPY=1: credits off and [io] zero_copy =
 #                     "off" (the copy through the tag buffers), for the
 #                     one-queue jobs, to see what zero copy changes
-# BENCH_Q2=1 runs the one-job jobs on the queues = 2 volumes too (the
-# kernel host has one I/O queue per vCPU).
+# BENCH_Q2=1 runs the one-job jobs on the queues = 2 volumes instead (the
+# kernel host has one I/O queue per vCPU); BENCH_Q2=both runs them on
+# both, the queues = 2 volumes with credits off only (host ublk-q2-off).
+#   ublk-q2-off       with BENCH_Q2=both: credits off on the queues = 2
+#                     volumes, beside the one-queue volumes' runs
 #   ublk-fixed        with BENCH_FIXED=1, write jobs only: both volumes
 #                     at the default but with write_pages_min=32k (a
 #                     large write sent from the request's pages with
@@ -273,7 +276,14 @@ matrix_job() {
     case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
     # BENCH_Q2=1: every job on the queues = 2 volumes (the kernel host has
     # one I/O queue per vCPU, and one fio job's requests follow its CPU).
-    if [ "$_n" -gt 1 ] || [ -n "${BENCH_Q2:-}" ]; then
+    # BENCH_Q2=both: the one-job jobs on both, the queues = 2 volumes with
+    # credits off only (hosts ublk-q2-off-a/-b), next to the one-queue
+    # volumes' credits-off runs: one socket against two in the same round.
+    _q2a="" _q2b=""
+    if [ "${BENCH_Q2:-}" = both ] && [ "$_n" = 1 ]; then
+        _q2a="ublk-q2-off-a=ublkq2a:off:$D_A2" _q2b="ublk-q2-off-b=ublkq2b:off:$D_B2"
+    fi
+    if [ "$_n" -gt 1 ] || { [ -n "${BENCH_Q2:-}" ] && [ "$BENCH_Q2" != both ]; }; then
         _va=ublkq2a _vb=ublkq2b _a=$D_A2 _b=$D_B2
     else
         _va=ublka _vb=ublkb _a=$D_A _b=$D_B
@@ -286,8 +296,8 @@ matrix_job() {
     1:*write) _fa="ublk-fixed-a=$_va:fixed:$_a" _fb="ublk-fixed-b=$_vb:fixed:$_b" ;;
     esac
     [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _copy="ublk-copy=::$D_COPY"
-    _hosts="$_fa ublk-a=$_va:auto:$_a ublk-credits-off-a=$_va:off:$_a kernel=::$KDEV $_copy"
-    _hosts="$_hosts ublk-credits-off-b=$_vb:off:$_b ublk-b=$_vb:auto:$_b $_fb"
+    _hosts="$_fa ublk-a=$_va:auto:$_a ublk-credits-off-a=$_va:off:$_a $_q2a kernel=::$KDEV $_copy"
+    _hosts="$_hosts $_q2b ublk-credits-off-b=$_vb:off:$_b ublk-b=$_vb:auto:$_b $_fb"
     [ $((_r % 2)) -eq 0 ] && _hosts=$(printf '%s\n' $_hosts | tac | tr '\n' ' ')
     for _h in $_hosts; do
         _spec=${_h#*=}
@@ -306,7 +316,7 @@ matrix_job() {
             log "round $_r $_j, $_vol after: $(ublk-nvmf status "$_vol" 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
         fi
     done
-    for _m in ublk ublk-credits-off ublk-fixed; do
+    for _m in ublk ublk-credits-off ublk-fixed ublk-q2-off; do
         # sqrt by Newton: the guest's busybox awk has no math functions.
         awk -v r="$_r" -v j="$_j" -v m="$_m" '
             function root(x, y, i) { if (x <= 0) return 0; y = x; for (i = 0; i < 80; i++) y = (y + x / y) / 2; return y }
@@ -925,6 +935,7 @@ ublk/kernel:4k-randread-2jobs-qd32:>=1.0"
 pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
 [ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
 [ -n "${BENCH_FIXED:-}" ] && pairs="$pairs ublk-fixed/kernel ublk/ublk-fixed ublk-a/ublk-fixed-a ublk-b/ublk-fixed-b"
+[ "${BENCH_Q2:-}" = both ] && pairs="$pairs ublk-q2-off/kernel ublk-q2-off/ublk-credits-off"
 pairs="$pairs ublk-credits-off-a/ublk-credits-off-b ublk-a/ublk-credits-off-a ublk-b/ublk-credits-off-b"
 bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 # The gate per job and mode, over all rounds and both volumes: the share of
