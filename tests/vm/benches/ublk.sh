@@ -133,9 +133,9 @@
 # per fio I/O ("by=events comm=... event=... per_sec=... per_io=...");
 # for our host also the volume's socket sends, receives and direct
 # receives per I/O from its status ("by=socket sends_per_io=...
-# receives_per_io=... direct_per_io=... waited_per_io=..."), and for every host the guest's
-# TCP counters that moved over those seconds, per I/O ("by=tcp
-# counter=TcpExt:DelayedACKs per_sec=... per_io=...").
+# receives_per_io=... direct_per_io=... waited_per_io=..."), and for
+# every host the guest's TCP counters that moved over those seconds, per
+# I/O ("by=tcp counter=TcpExt:DelayedACKs per_sec=... per_io=...").
 # BENCH_ONLY=profile runs only this part (with part 1's setup); it
 # honours BENCH_JOBS, and with BENCH_FIXED=1 profiles the 128k write a
 # third time as host ublk-fixed-off (credits off, write_pages_min=32k).
@@ -511,17 +511,24 @@ while [ $round -le "$ROUNDS" ] && { [ -z "$ONLY" ] || [ "$ONLY" = matrix ]; }; d
     sockets "after round $round"
     round=$((round + 1))
 done
-round=1
-while [ $round -le "$ROUNDS" ] && { [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; }; do
-    if [ $((round % 2)) -eq 1 ]; then
-        tenants $round default "$R_DEV" "$W_DEV"
-        tenants $round off "$R_DEV" "$W_DEV"
-    else
-        tenants $round off "$R_DEV" "$W_DEV"
-        tenants $round default "$R_DEV" "$W_DEV"
-    fi
-    round=$((round + 1))
-done
+# tenant_rounds READER_DEV WRITER_DEV CASE: every round of a tenant case,
+# default then off in odd rounds, off then default in even ones.
+tenant_rounds() {
+    _tr=1
+    while [ $_tr -le "$ROUNDS" ]; do
+        if [ $((_tr % 2)) -eq 1 ]; then
+            tenants $_tr default "$1" "$2" "$3"
+            tenants $_tr off "$1" "$2" "$3"
+        else
+            tenants $_tr off "$1" "$2" "$3"
+            tenants $_tr default "$1" "$2" "$3"
+        fi
+        _tr=$((_tr + 1))
+    done
+}
+if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
+    tenant_rounds "$R_DEV" "$W_DEV" two-tenants
+fi
 # A volume beside a second client: the reader is the kernel's NVMe/TCP
 # host on the same sim namespace, which no gate of ours sees (the
 # neighbours view covers this host's volumes only, and volume `reader`
@@ -533,17 +540,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
         wait_for "the kernel host's sim namespace appears" 20 nvme_ns_dev $SIM_NQN 1; then
         KSIM=$(nvme_ns_dev $SIM_NQN 1)
         log "second client: the kernel host's $KSIM reads beside the writer's $W_DEV"
-        round=1
-        while [ $round -le "$ROUNDS" ]; do
-            if [ $((round % 2)) -eq 1 ]; then
-                tenants $round default "$KSIM" "$W_DEV" second-client
-                tenants $round off "$KSIM" "$W_DEV" second-client
-            else
-                tenants $round off "$KSIM" "$W_DEV" second-client
-                tenants $round default "$KSIM" "$W_DEV" second-client
-            fi
-            round=$((round + 1))
-        done
+        tenant_rounds "$KSIM" "$W_DEV" second-client
         check "the kernel host leaves the sim namespace" nvme disconnect -n $SIM_NQN
     fi
 fi
