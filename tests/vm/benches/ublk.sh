@@ -573,6 +573,11 @@ profile() {
         -o /tmp/perf-stat.txt -- sleep "$SECS" >/tmp/perf-stat.log 2>&1 &
     _psp=$!
     tcp_counts >/tmp/tcp0.txt
+    # TCP's view of the client's connections mid-window (console log):
+    # receive buffer (skmem rb), what is queued unread (r), the receive
+    # window's autotuning (rcv_space, rcv_ssthresh), per connection.
+    ( sleep $((SECS / 2)); ss -tinm state established '( dport = :4420 )' 2>&1 | head -n 200 ) >/tmp/ss-mid.txt &
+    _ssp=$!
     perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
     _prc=$?
     tcp_counts >/tmp/tcp1.txt
@@ -580,6 +585,9 @@ profile() {
     [ -n "$_sock0" ] && _sock1=$(socket_counts ublka)
     wait $_psp
     _psrc=$?
+    wait $_ssp
+    echo "---- profile $1 $2: sockets mid-window ----"
+    cat /tmp/ss-mid.txt
     wait $_fp
     if [ $_prc -ne 0 ] || ! grep -q '^3;' /tmp/prof-fio.out; then
         fail "profile $1 $2 (perf exit $_prc)"
