@@ -11,8 +11,19 @@
 . /vm/gimbal.sh
 . /vm/ublk.sh
 
-require_cmd ublk-nvmf gimbal-target fio || exit 1
-require_module ublk_drv || exit 1
+require_cmd ublk-nvmf gimbal-target fio ss || exit 1
+# tcp_diag: ss's view of a socket's buffers (below).
+require_module ublk_drv tcp_diag || exit 1
+
+# rcvbuf_grown PORT: a client connection to PORT has room for 4 MiB of
+# unread data (io::engine::RX_WINDOW_BYTES; half of tcp_rmem's maximum
+# where that is less), grown at its first large read.
+rcvbuf_grown() {
+    _want=$(awk '{ w = int($3 / 2); print (w < 4194304) ? w : 4194304 }' /proc/sys/net/ipv4/tcp_rmem)
+    ss -tmnO state established "( dport = :$1 )" | grep -o 'rb[0-9]*' |
+        awk -v w="$_want" '{ v = substr($0, 3) + 0; if (v > m) m = v }
+            END { print "largest receive buffer", m + 0, "want at least", w; exit !(m >= w && w > 0) }'
+}
 
 GNQN=nqn.2026-01.io.gimbal:demo
 gimbal_write_config
@@ -30,6 +41,7 @@ check_output "zero copy: the rest of the read data was copied in" '"read_copied_
 # read into its pages in one receive, which the socket's low-water mark
 # (raised from io_uring, Linux 6.7+) held back until all of it arrived.
 check_output "zero copy: large reads' data waited in the kernel for all of it (SO_RCVLOWAT)" '"waited_receives":[1-9]' ublk-nvmf status gfile --json
+check "large reads grew the socket's receive buffer (4 MiB unread)" rcvbuf_grown 4420
 check_output "zero copy: large writes' data was spliced (the default)" '"spliced_bytes":[1-9]' ublk-nvmf status gfile --json
 check_output "zero copy: no write was sent from the request's pages by default" '"write_direct_bytes":0[,}]' ublk-nvmf status gfile --json
 # The other way zero copy can send a large write, switched at run time:
@@ -90,6 +102,7 @@ check "nvmet: blkdiscard" blkdiscard_real "$dev"
 ublk_fsync_heavy nvmet "$dev"
 check_output "nvmet: no errors" '"errors":0' ublk-nvmf status kfile --json
 check_output "nvmet: large reads' data waited in the kernel for all of it, into the tag buffer" '"waited_receives":[1-9]' ublk-nvmf status kfile --json
+check "nvmet: large reads grew the socket's receive buffer" rcvbuf_grown 4421
 # Without zero copy a large write's data is in the tag buffer: it went to
 # the socket by reference (vmsplice + splice), and the verified runs above
 # read back what it carried.

@@ -92,7 +92,10 @@ pub const DIRECT_MIN_BYTES: usize = 16 * 1024;
 /// ublk`, `by=tcp`).
 pub const LOWAT_MIN_BYTES: usize = 256 * 1024;
 /// Read data an I/O queue's socket can hold unread (its TCP receive
-/// window), set when the queue connects ([`grow_receive_buffer`]). A
+/// window), set at the connection's first direct receive, that is once
+/// large read data comes ([`grow_receive_buffer`], [`rx_task`]; a queue
+/// that only writes receives only small PDUs and keeps what TCP
+/// chose). A
 /// queue's reads can have `depth x MDTS` of data on the way, and the
 /// kernel's autotuning grows the buffer only as fast as this thread reads:
 /// with the buffer TCP chose (about 2 MiB, most of it from the low-water
@@ -1431,10 +1434,9 @@ impl SplicePipe {
 /// unless the process has `CAP_NET_ADMIN`. The mark is back at one byte
 /// when this returns, whatever failed: the receive path raises it only
 /// for the receive that waits ([`rx_task`]).
-pub fn grow_receive_buffer(sock: &TcpStream, bytes: usize) -> std::io::Result<usize> {
-    let fd = sock.as_raw_fd();
+pub fn grow_receive_buffer(fd: std::os::fd::RawFd, bytes: usize) -> std::io::Result<usize> {
     let set_lowat = |v: libc::c_int| {
-        // SAFETY: a valid socket and a c_int option value of its size.
+        // SAFETY: a c_int option value of its size; a bad fd is an error.
         let r = unsafe {
             libc::setsockopt(
                 fd,
@@ -1455,7 +1457,7 @@ pub fn grow_receive_buffer(sock: &TcpStream, bytes: usize) -> std::io::Result<us
     raised?;
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: a valid socket, and `v`/`len` describe a c_int.
+    // SAFETY: `v`/`len` describe a c_int; a bad fd is an error.
     let r = unsafe {
         libc::getsockopt(
             fd,
@@ -1480,10 +1482,6 @@ pub fn connect_blocking(
     let timeout = cfg.connect_timeout;
     let sock = TcpStream::connect_timeout(&addr, timeout).map_err(nvmf_initiator::Error::io)?;
     sock.set_nodelay(true).map_err(nvmf_initiator::Error::io)?;
-    match grow_receive_buffer(&sock, RX_WINDOW_BYTES) {
-        Ok(n) => log::debug!("I/O queue socket: receive buffer {n} bytes"),
-        Err(e) => log::debug!("I/O queue socket: receive buffer left to autotuning: {e}"),
-    }
     let deadline = Instant::now() + timeout;
     let mut q: Queue<TagBuf> = Queue::new(cfg, Instant::now());
     let mut tx = Vec::new();
@@ -1671,6 +1669,9 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp, chai
     // (before 6.7): direct receives then take what has arrived, as a
     // plain Recv does.
     let mut can_wait = true;
+    // The connection whose receive buffer has been grown to
+    // `RX_WINDOW_BYTES` (at its first direct receive).
+    let mut grown: Option<u64> = None;
     loop {
         let (generation, fd) = WaitFor {
             engine: Rc::clone(&engine),
@@ -1682,6 +1683,13 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp, chai
             let mut e = engine.borrow_mut();
             (e.rx_place(path, generation), e.rx_len(path))
         };
+        if direct.is_some() && grown != Some(generation) {
+            grown = Some(generation);
+            match grow_receive_buffer(fd, RX_WINDOW_BYTES) {
+                Ok(n) => log::debug!("path {path}: receive buffer {n} bytes"),
+                Err(e) => log::debug!("path {path}: receive buffer left to TCP: {e}"),
+            }
+        }
         let sock = io_uring::types::Fd(fd);
         let read = match direct {
             None => {
@@ -2201,8 +2209,8 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (_peer, _) = l.accept().unwrap();
-        let before = grow_receive_buffer(&sock, 0).unwrap();
-        let after = grow_receive_buffer(&sock, RX_WINDOW_BYTES).unwrap();
+        let before = grow_receive_buffer(sock.as_raw_fd(), 0).unwrap();
+        let after = grow_receive_buffer(sock.as_raw_fd(), RX_WINDOW_BYTES).unwrap();
         // The kernel caps the mark (so the growth) at half of tcp_rmem's
         // maximum; the buffer counts bookkeeping too, so it is at least
         // the data it must hold.
@@ -2218,7 +2226,7 @@ mod tests {
         // A buffered receive must never wait for more than has arrived.
         assert_eq!(lowat(&sock), 1);
         // Never shrunk by a smaller request.
-        assert!(grow_receive_buffer(&sock, 4096).unwrap() >= after);
+        assert!(grow_receive_buffer(sock.as_raw_fd(), 4096).unwrap() >= after);
         assert_eq!(lowat(&sock), 1);
     }
 
