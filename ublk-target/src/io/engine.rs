@@ -93,20 +93,17 @@ pub const DIRECT_MIN_BYTES: usize = 16 * 1024;
 pub const LOWAT_MIN_BYTES: usize = 256 * 1024;
 /// Read data an I/O queue's socket can hold unread (its TCP receive
 /// window), set at the connection's first direct receive, that is once
-/// large read data comes ([`grow_receive_buffer`], [`rx_task`]; a queue
-/// that only writes receives only small PDUs and keeps what TCP
-/// chose). A
-/// queue's reads can have `depth x MDTS` of data on the way, and the
-/// kernel's autotuning grows the buffer only as fast as this thread reads:
-/// with the buffer TCP chose (about 2 MiB, most of it from the low-water
-/// mark of 1 MiB reads), 128 KiB reads at QD 32 filled it, the window
-/// closed 12 times a second and the target's sends waited for it to
-/// reopen. With 4 MiB the window no longer closed, and in the same run
-/// against the kernel host 128 KiB reads went from 0.61x to 0.96x and
-/// 1 MiB reads from 0.92x to 1.5x (one profile run each, `BENCH_PERF=1
-/// BENCH_ONLY=profile tests/vm/run --bench ublk`; docs/benchmarks.md).
-/// Memory is taken only for data that has arrived and is not read yet,
-/// which is data this queue asked for.
+/// large read data comes ([`grow_receive_buffer`], [`rx_task`]); a queue
+/// that only writes receives only small PDUs and keeps what TCP chose.
+/// A queue's reads can have `depth x MDTS` of data on the way, and with
+/// the buffer TCP chose (about 2 MiB, most of it from the low-water mark
+/// of 1 MiB reads) 32 reads of 128 KiB filled it: the window closed 12
+/// times a second and the target's sends waited for it to reopen. With
+/// 4 MiB it no longer closed, and in the bench's matrix 1 MiB reads went
+/// from 0.75-0.86x of the kernel host to 0.89-0.94x (`tests/vm/run
+/// --bench ublk`; docs/benchmarks.md, 2026-11-30, fourth). Memory is
+/// taken only for data that has arrived and is not read yet, which is
+/// data this queue asked for.
 pub const RX_WINDOW_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes gathered per send.
 pub const TX_LIMIT: usize = 256 * 1024;
