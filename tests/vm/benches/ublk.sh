@@ -166,6 +166,9 @@ FIO_BENCH_OUT=/tmp/bench.txt
 
 require_cmd ublk-nvmf gimbal-target fio || exit 1
 require_module ublk_drv nvme-tcp || exit 1
+# The socket dumps' buffers and windows: without tcp_diag ss reads
+# /proc/net/tcp and shows neither (the dumps are diagnostics, so no check).
+modprobe tcp_diag 2>/dev/null || log "no tcp_diag: socket dumps show no buffers"
 
 VOLUMES=""
 # volume VAR NAME PORT SUBNQN NSID QUEUES auto|off [copy]: adds a volume
@@ -464,8 +467,6 @@ placement() {
 # connections may differ from its twin's for the whole run.
 sockets() {
     command -v ss >/dev/null 2>&1 || return 0
-    # Without tcp_diag ss reads /proc/net/tcp: no buffers, no windows.
-    modprobe tcp_diag 2>/dev/null
     echo "---- sockets $1 ----"
     ss -tinpm state established '( dport = :4420 )' 2>&1 | head -n 400
     # The target's ends: skmem's d is the socket's own drop count, the
@@ -578,7 +579,6 @@ profile() {
     # TCP's view of the client's connections mid-window (console log):
     # receive buffer (skmem rb), what is queued unread (r), the receive
     # window's autotuning (rcv_space, rcv_ssthresh), per connection.
-    modprobe tcp_diag 2>/dev/null
     ( sleep $((SECS / 2)); ss -tinmO state established '( dport = :4420 )' 2>&1 | head -n 200 ) >/tmp/ss-mid.txt &
     _ssp=$!
     perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1

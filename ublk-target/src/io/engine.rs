@@ -1419,9 +1419,10 @@ impl SplicePipe {
     }
 }
 
-/// Let `sock` hold at least `bytes` of received data unread (the kernel
-/// caps it at half of `net.ipv4.tcp_rmem`'s maximum); returns the
-/// socket's receive buffer (`SO_RCVBUF`, bookkeeping included) after.
+/// Let the socket `fd` hold at least `bytes` of received data unread
+/// (the kernel caps it at half of `net.ipv4.tcp_rmem`'s maximum);
+/// returns the socket's receive buffer (`SO_RCVBUF`, bookkeeping
+/// included) after.
 ///
 /// Raising the low-water mark to `bytes` makes TCP grow the buffer to
 /// hold that much (`tcp_set_rcvlowat`, Linux 4.18+); lowering it again
@@ -1452,6 +1453,11 @@ pub fn grow_receive_buffer(fd: std::os::fd::RawFd, bytes: usize) -> std::io::Res
     let raised = set_lowat(bytes.min(libc::c_int::MAX as usize) as libc::c_int);
     set_lowat(1)?;
     raised?;
+    Ok(socket_int(fd, libc::SO_RCVBUF)?.max(0) as usize)
+}
+
+/// The `SOL_SOCKET` option `opt` of socket `fd`, an int.
+fn socket_int(fd: std::os::fd::RawFd, opt: libc::c_int) -> std::io::Result<libc::c_int> {
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `v`/`len` describe a c_int; a bad fd is an error.
@@ -1459,15 +1465,16 @@ pub fn grow_receive_buffer(fd: std::os::fd::RawFd, bytes: usize) -> std::io::Res
         libc::getsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
+            opt,
             (&mut v as *mut libc::c_int).cast(),
             &mut len,
         )
     };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
+    if r == 0 {
+        Ok(v)
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    Ok(v.max(0) as usize)
 }
 
 /// TCP connect, ICReq, Connect, blocking and bounded by the config's
@@ -2183,31 +2190,13 @@ mod tests {
         }
     }
 
-    /// The low-water mark of `sock`.
-    fn lowat(sock: &TcpStream) -> libc::c_int {
-        let mut v: libc::c_int = -1;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: a valid socket, and `v`/`len` describe a c_int.
-        let r = unsafe {
-            libc::getsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(r, 0, "getsockopt: {}", std::io::Error::last_os_error());
-        v
-    }
-
     #[test]
     fn a_connected_socket_can_hold_the_receive_window_and_reads_at_one_byte() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (_peer, _) = l.accept().unwrap();
-        let before = grow_receive_buffer(sock.as_raw_fd(), 0).unwrap();
-        let after = grow_receive_buffer(sock.as_raw_fd(), RX_WINDOW_BYTES).unwrap();
+        let (sock, _peer) = loopback_pair();
+        let fd = sock.as_raw_fd();
+        let lowat = || socket_int(fd, libc::SO_RCVLOWAT).unwrap();
+        let before = grow_receive_buffer(fd, 0).unwrap();
+        let after = grow_receive_buffer(fd, RX_WINDOW_BYTES).unwrap();
         // The kernel caps the mark (so the growth) at half of tcp_rmem's
         // maximum; the buffer counts bookkeeping too, so it is at least
         // the data it must hold.
@@ -2221,10 +2210,10 @@ mod tests {
             "receive buffer {before} -> {after}, want at least {want}"
         );
         // A buffered receive must never wait for more than has arrived.
-        assert_eq!(lowat(&sock), 1);
+        assert_eq!(lowat(), 1);
         // Never shrunk by a smaller request.
-        assert!(grow_receive_buffer(sock.as_raw_fd(), 4096).unwrap() >= after);
-        assert_eq!(lowat(&sock), 1);
+        assert!(grow_receive_buffer(fd, 4096).unwrap() >= after);
+        assert_eq!(lowat(), 1);
     }
 
     #[test]
