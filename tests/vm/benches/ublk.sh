@@ -125,12 +125,16 @@
 # path). For 128k read, 128k write, 4k randread and 1M read, QD 32, on
 # ublk-credits-off and the kernel host: `perf record -a -g` (cpu-clock,
 # 499 Hz: TCG has no PMU) over BENCH_SECS of the job, then the share of
-# samples by command, by command and binary, by kernel/user symbol and by
-# gimbal-target's own symbols (self time, >= 1 % of all samples), as
-# "BENCH profile host=... job=... by=comm|comm,dso|sym|target-sym
+# samples by command, by command and binary, by kernel/user symbol, by
+# gimbal-target's own symbols and by ublk-nvmf's (self time, >= 1 % of all
+# samples), as
+# "BENCH profile host=... job=... by=comm|comm,dso|sym|target-sym|client-sym
 # share=... name=..." lines; and, counted over the same seconds by `perf
 # stat`, each process's system calls and context switches per second and
 # per fio I/O ("by=events comm=... event=... per_sec=... per_io=...");
+# the read data waiting unread in the client's sockets, sampled over the
+# window ("by=unread samples=... over_256k=... median=..."; a host that
+# keeps up has little);
 # for our host also the volume's socket sends, receives and direct
 # receives per I/O from its status ("by=socket sends_per_io=...
 # receives_per_io=... direct_per_io=... waited_per_io=..."), and for
@@ -581,6 +585,16 @@ profile() {
     # window's autotuning (rcv_space, rcv_ssthresh), per connection.
     ( sleep $((SECS / 2)); ss -tinmO state established '( dport = :4420 )' 2>&1 | head -n 200 ) >/tmp/ss-mid.txt &
     _ssp=$!
+    # Read data waiting unread in the client's sockets (all connections to
+    # the target, /proc/net/tcp's rx_queue), sampled every 0.1 s over the
+    # window: data that waits while the guest idles waits on a wakeup.
+    ( _end=$(($(uptime_ms) + SECS * 1000))
+      while [ "$(uptime_ms)" -lt "$_end" ]; do
+          awk 'function hex(h, i, n) { n = 0; h = tolower(h); for (i = 1; i <= length(h); i++) n = n * 16 + index("0123456789abcdef", substr(h, i, 1)) - 1; return n }
+               $3 ~ /:1144$/ && $4 == "01" { split($5, q, ":"); t += hex(q[2]) } END { print t + 0 }' /proc/net/tcp
+          sleep 0.1
+      done ) >/tmp/unread.txt &
+    _urp=$!
     perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
     _prc=$?
     tcp_counts >/tmp/tcp1.txt
@@ -589,6 +603,10 @@ profile() {
     wait $_psp
     _psrc=$?
     wait $_ssp
+    wait $_urp
+    sort -n /tmp/unread.txt | awk -v h="$1" -v j="$2" '{ v[NR] = $1; if ($1 >= 262144) big++; if ($1 > 0) some++ }
+        END { if (NR) printf "BENCH profile host=%s job=%s by=unread samples=%d nonzero=%.2f over_256k=%.2f median=%d p90=%d max=%d\n",
+            h, j, NR, some / NR, big / NR, v[int((NR + 1) / 2)], v[int(NR * 0.9) > 0 ? int(NR * 0.9) : 1], v[NR] }' | tee -a "$FIO_BENCH_OUT"
     echo "---- profile $1 $2: sockets mid-window ----"
     cat /tmp/ss-mid.txt
     wait $_fp
@@ -598,12 +616,14 @@ profile() {
         return 1
     fi
     pass "profile $1 $2"
-    for _by in comm comm,dso sym target-sym; do
+    for _by in comm comm,dso sym target-sym client-sym; do
         _sort=$_by _only=""
-        # The target's own symbols: what it spends with this host.
+        # The target's own symbols: what it spends with this host; and
+        # ours (the volumes' processes, user and kernel time).
         [ "$_by" = target-sym ] && _sort=sym _only="--comms gimbal-target --percentage absolute"
+        [ "$_by" = client-sym ] && _sort=comm,sym
         perf report -i /tmp/perf.data --no-children --sort "$_sort" $_only -g none --stdio --percent-limit 1 2>/dev/null |
-            grep -E '^ +[0-9.]+%' | head -n 25 |
+            grep -E '^ +[0-9.]+%' | { [ "$_by" = client-sym ] && awk '$2 == "ublk-nvmf" { $2 = "" } $2 == ""' || cat; } | head -n 25 |
             awk -v h="$1" -v j="$2" -v by="$_by" '{ sh = $1; $1 = ""; sub(/^ +/, ""); gsub(/ /, "_");
                 printf "BENCH profile host=%s job=%s by=%s share=%s name=%s\n", h, j, by, sh, $0 }' |
             tee -a "$FIO_BENCH_OUT"
@@ -649,6 +669,11 @@ profile() {
     echo "---- profile $1 $2: callers of copies ----"
     perf report -i /tmp/perf.data --no-children --sort sym -g caller,2,callee --stdio \
         --percent-limit 2 2>/dev/null | awk '/^ +[0-9.]+%/ { show = ($0 ~ /copy|movs|clear_page|memcpy|memset|\[\.\] 0x/) } show' | head -n 160
+    # Where the client's own processes spend (console log): their symbols
+    # above 1 % of all samples with their callers.
+    echo "---- profile $1 $2: ublk-nvmf's symbols and callers ----"
+    perf report -i /tmp/perf.data --no-children --sort comm,sym -g caller,1,callee --stdio \
+        --percent-limit 1 2>/dev/null | awk '/^ +[0-9.]+%/ { show = ($2 == "ublk-nvmf") } show && !/^$/' | head -n 250
 }
 if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; then
     require_cmd perf || exit 1
