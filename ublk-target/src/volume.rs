@@ -77,6 +77,13 @@ pub struct Stats {
     /// means the default, [`crate::io::ublk::WRITE_FIXED_MIN_BYTES`]
     /// (never).
     pub write_pages_min: AtomicU32,
+    /// A direct receive of at least this many bytes of read data waits in
+    /// the kernel until all of them have arrived (the socket's low-water
+    /// mark raised to its length, `engine::rx_task`). A run-time setting
+    /// (`set NAME read_wait_min=SIZE`, `max` for never, `default`), not a
+    /// counter: 0 here means the default,
+    /// [`crate::io::engine::LOWAT_MIN_BYTES`].
+    pub read_wait_min: AtomicU32,
     /// Zero copy: read bytes received straight into the request's pages.
     pub zc_read_direct: AtomicU64,
     /// Zero copy: read bytes copied into the request from our memory
@@ -103,6 +110,14 @@ impl Stats {
         match self.write_pages_min.load(Ordering::Relaxed) {
             0 => crate::io::ublk::WRITE_FIXED_MIN_BYTES,
             n => n,
+        }
+    }
+
+    /// [`Stats::read_wait_min`] in force: the default until set.
+    pub fn read_wait_min(&self) -> usize {
+        match self.read_wait_min.load(Ordering::Relaxed) {
+            0 => crate::io::engine::LOWAT_MIN_BYTES,
+            n => n as usize,
         }
     }
 }

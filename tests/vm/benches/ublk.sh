@@ -28,6 +28,11 @@
 # both, the queues = 2 volumes with credits off only (host ublk-q2-off).
 #   ublk-q2-off       with BENCH_Q2=both: credits off on the queues = 2
 #                     volumes, beside the one-queue volumes' runs
+#   ublk-wait-off     with BENCH_WAIT=SIZE, read jobs only: both volumes
+#                     with credits off and read_wait_min=SIZE (a read's
+#                     data of SIZE or more still due taken in one receive
+#                     that waits for all of it; default 256k), to A/B it
+#                     against ublk-credits-off
 #   ublk-fixed        with BENCH_FIXED=1, write jobs only: both volumes
 #                     at the default but with write_pages_min=32k (a
 #                     large write sent from the request's pages with
@@ -142,7 +147,9 @@
 # I/O ("by=tcp counter=TcpExt:DelayedACKs per_sec=... per_io=...").
 # BENCH_ONLY=profile runs only this part (with part 1's setup); it
 # honours BENCH_JOBS, and with BENCH_FIXED=1 profiles the 128k write a
-# third time as host ublk-fixed-off (credits off, write_pages_min=32k).
+# third time as host ublk-fixed-off (credits off, write_pages_min=32k),
+# with BENCH_WAIT=SIZE the reads as host ublk-wait-off (credits off,
+# read_wait_min=SIZE).
 #
 # After every ublk run a "BENCH gate" line: what the credit gate held in
 # it and the lower bound on default/off that follows (gate_line), and
@@ -203,16 +210,19 @@ volume() {
 # zero-copy write sent from the request's pages (write_pages_min=32k)
 # instead of read into our buffer and spliced (BENCH_FIXED=1); `fixed-off`
 # the same with credits off (profiles); every other mode sets the
-# default, max.
+# default, max. `wait-off`: credits off, and a read's data of BENCH_WAIT
+# or more received in one receive that waits for all of it
+# (read_wait_min=BENCH_WAIT); every other mode sets its default.
 set_mode() {
-    _c=$2 _p=max
+    _c=$2 _p=max _w=default
     [ "$2" = fixed ] && _c=auto _p=32k
     [ "$2" = fixed-off ] && _c=off _p=32k
-    _o=$(ublk-nvmf set "$1" credits="$_c" write_pages_min="$_p" 2>&1)
+    [ "$2" = wait-off ] && _c=off _w=$BENCH_WAIT
+    _o=$(ublk-nvmf set "$1" credits="$_c" write_pages_min="$_p" read_wait_min="$_w" 2>&1)
     case "$_o" in
     credits="$_c"*) ;;
     *)
-        fail "ublk-nvmf set $1 credits=$_c write_pages_min=$_p: $_o"
+        fail "ublk-nvmf set $1 credits=$_c write_pages_min=$_p read_wait_min=$_w: $_o"
         return 1
         ;;
     esac
@@ -302,6 +312,9 @@ matrix_job() {
     case "${BENCH_FIXED:-}:$_rw" in
     1:*write) _fa="ublk-fixed-a=$_va:fixed:$_a" _fb="ublk-fixed-b=$_vb:fixed:$_b" ;;
     esac
+    case "${BENCH_WAIT:+set}:$_rw" in
+    set:*read) _fa="ublk-wait-off-a=$_va:wait-off:$_a" _fb="ublk-wait-off-b=$_vb:wait-off:$_b" ;;
+    esac
     [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _copy="ublk-copy=::$D_COPY"
     _hosts="$_fa ublk-a=$_va:auto:$_a ublk-credits-off-a=$_va:off:$_a $_q2a kernel=::$KDEV $_copy"
     _hosts="$_hosts $_q2b ublk-credits-off-b=$_vb:off:$_b ublk-b=$_vb:auto:$_b $_fb"
@@ -323,7 +336,7 @@ matrix_job() {
             log "round $_r $_j, $_vol after: $(ublk-nvmf status "$_vol" 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
         fi
     done
-    for _m in ublk ublk-credits-off ublk-fixed ublk-q2-off; do
+    for _m in ublk ublk-credits-off ublk-fixed ublk-q2-off ublk-wait-off; do
         # sqrt by Newton: the guest's busybox awk has no math functions.
         awk -v r="$_r" -v j="$_j" -v m="$_m" '
             function root(x, y, i) { if (x <= 0) return 0; y = x; for (i = 0; i < 80; i++) y = (y + x / y) / 2; return y }
@@ -558,10 +571,20 @@ if [ -z "$ONLY" ] || [ "$ONLY" = tenants ]; then
 fi
 
 # --- part 3: profiles --------------------------------------------------------
+# thread_times: per thread "tid comm run_ns runqueue_ns slices" from
+# /proc/*/task/*/schedstat (threads named by their process's comm).
+thread_times() {
+    for _t in /proc/[0-9]*/task/[0-9]*; do
+        read -r _run _wait _sl <"$_t/schedstat" 2>/dev/null || continue
+        read -r _comm <"$_t/comm" 2>/dev/null || continue
+        echo "${_t##*/} ${_comm// /_} $_run $_wait $_sl"
+    done
+    echo "uptime_ms - $(uptime_ms) 0 0"
+}
 # profile HOST JOB DEV RW BS: perf over BENCH_SECS of the job, after 2 s.
 profile() {
     fio --name=p --filename="$3" --ioengine=libaio --direct=1 --rw="$4" --bs="$5" \
-        --iodepth=32 --runtime=$((SECS + 3)) --time_based --size=64M --randrepeat=0 \
+        --iodepth=32 --runtime=$((SECS + 6)) --time_based --size=64M --randrepeat=0 \
         --norandommap --output-format=terse --terse-version=3 >/tmp/prof-fio.out 2>&1 &
     _fp=$!
     sleep 2
@@ -595,8 +618,10 @@ profile() {
           sleep 0.1
       done ) >/tmp/unread.txt &
     _urp=$!
+    thread_times >/tmp/threads0.txt
     perf record -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$SECS" >/tmp/perf-rec.log 2>&1
     _prc=$?
+    thread_times >/tmp/threads1.txt
     tcp_counts >/tmp/tcp1.txt
     _sock1=""
     [ -n "$_sock0" ] && _sock1=$(socket_counts ublka)
@@ -604,11 +629,21 @@ profile() {
     _psrc=$?
     wait $_ssp
     wait $_urp
+    # Where the client's threads block (console log): the kernel stacks
+    # they switch out on, over 2 s after the window while fio still runs.
+    # The guest idles through large jobs while read data waits unread in
+    # our socket, so what the queue thread waits on is the question.
+    perf record -a -g -e sched:sched_switch -o /tmp/switch.data -- sleep 2 >/tmp/perf-switch.log 2>&1 &&
+        perf report -i /tmp/switch.data --no-children --sort comm,sym -g caller,2,callee,function,count --stdio \
+            --percent-limit 3 2>/dev/null | awk '/^ +[0-9.]+%/ { show = ($2 == "ublk-nvmf" || $2 ~ /^kworker/ || $2 == "fio") } show && !/^$/' |
+            head -n 200 >/tmp/switch.txt
     sort -n /tmp/unread.txt | awk -v h="$1" -v j="$2" '{ v[NR] = $1; if ($1 >= 262144) big++; if ($1 > 0) some++ }
         END { if (NR) printf "BENCH profile host=%s job=%s by=unread samples=%d nonzero=%.2f over_256k=%.2f median=%d p90=%d max=%d\n",
             h, j, NR, some / NR, big / NR, v[int((NR + 1) / 2)], v[int(NR * 0.9) > 0 ? int(NR * 0.9) : 1], v[NR] }' | tee -a "$FIO_BENCH_OUT"
     echo "---- profile $1 $2: sockets mid-window ----"
     cat /tmp/ss-mid.txt
+    echo "---- profile $1 $2: where threads block (sched_switch stacks) ----"
+    cat /tmp/switch.txt 2>/dev/null || tail -n 3 /tmp/perf-switch.log
     wait $_fp
     if [ $_prc -ne 0 ] || ! grep -q '^3;' /tmp/prof-fio.out; then
         fail "profile $1 $2 (perf exit $_prc)"
@@ -622,8 +657,11 @@ profile() {
         # ours (the volumes' processes, user and kernel time).
         [ "$_by" = target-sym ] && _sort=sym _only="--comms gimbal-target --percentage absolute"
         [ "$_by" = client-sym ] && _sort=comm,sym
-        perf report -i /tmp/perf.data --no-children --sort "$_sort" $_only -g none --stdio --percent-limit 1 2>/dev/null |
-            grep -E '^ +[0-9.]+%' | { [ "$_by" = client-sym ] && awk '$2 == "ublk-nvmf" { $2 = "" } $2 == ""' || cat; } | head -n 25 |
+        # ublk-nvmf's time is spread thin: its symbols down to 0.2 %.
+        _lim=1
+        [ "$_by" = client-sym ] && _lim=0.2
+        perf report -i /tmp/perf.data --no-children --sort "$_sort" $_only -g none --stdio --percent-limit $_lim 2>/dev/null |
+            grep -E '^ +[0-9.]+%' | { [ "$_by" = client-sym ] && awk '$2 == "ublk-nvmf" { $2 = "" } $2 == ""' || cat; } | head -n 40 |
             awk -v h="$1" -v j="$2" -v by="$_by" '{ sh = $1; $1 = ""; sub(/^ +/, ""); gsub(/ /, "_");
                 printf "BENCH profile host=%s job=%s by=%s share=%s name=%s\n", h, j, by, sh, $0 }' |
             tee -a "$FIO_BENCH_OUT"
@@ -632,6 +670,19 @@ profile() {
     # (its IOPS, reads or writes, times the window). Thread names are
     # summed per process name (`comm-tid` in perf's output).
     _iops=$(awk -F';' '/^3;/ { print $8 + $49 }' /tmp/prof-fio.out)
+    # Each busy thread's time on a CPU and waiting for one over the window,
+    # from the scheduler's own clock (schedstat: exact, where the samples
+    # above come from a timer that a TCG guest may deliver late).
+    # (The window is timed by the dumps' own uptimes: on this guest a
+    # dump of every thread takes a while.)
+    _tw=$(awk '$1 == "uptime_ms" { t[FILENAME] = $3 } END { for (f in t) if (f ~ /1/) b = t[f]; else a = t[f]; print (b - a) / 1000 }' /tmp/threads0.txt /tmp/threads1.txt)
+    awk -v h="$1" -v j="$2" -v secs="$_tw" -v iops="$_iops" '
+        NR == FNR { r0[$1] = $3; w0[$1] = $4; s0[$1] = $5; next }
+        $1 != "uptime_ms" && ($1 in r0) && ($3 - r0[$1]) >= secs * 1e7 {
+            printf "BENCH profile host=%s job=%s by=thread comm=%s on_cpu=%.3f runqueue=%.3f slices_per_sec=%.0f cpu_us_per_io=%.0f\n",
+                h, j, $2, ($3 - r0[$1]) / secs / 1e9, ($4 - w0[$1]) / secs / 1e9, ($5 - s0[$1]) / secs,
+                (iops > 0) ? ($3 - r0[$1]) / 1e3 / secs / iops : 0 }' \
+        /tmp/threads0.txt /tmp/threads1.txt | sort -t= -k6 -n -r | tee -a "$FIO_BENCH_OUT"
     if [ $_psrc -eq 0 ]; then
         awk -F, -v h="$1" -v j="$2" -v secs="$SECS" -v iops="$_iops" '
             NF >= 4 && $2 ~ /^[0-9]+$/ { c = $1; sub(/-[0-9]+$/, "", c); gsub(/ /, "", c); n[c "," $4] += $2 }
@@ -686,6 +737,11 @@ if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; the
         if [ -n "${BENCH_FIXED:-}" ] && [ "$2" = write ]; then
             set_mode ublka fixed-off || exit 1
             profile ublk-fixed-off "$1" "$D_A" "$2" "$3"
+        fi
+        # BENCH_WAIT=SIZE: the read also with read_wait_min=SIZE.
+        if [ -n "${BENCH_WAIT:-}" ] && [ "$2" = read ]; then
+            set_mode ublka wait-off || exit 1
+            profile ublk-wait-off "$1" "$D_A" "$2" "$3"
         fi
         profile kernel "$1" "$KDEV" "$2" "$3"
     done
@@ -969,6 +1025,7 @@ pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
 [ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
 [ -n "${BENCH_FIXED:-}" ] && pairs="$pairs ublk-fixed/kernel ublk/ublk-fixed ublk-a/ublk-fixed-a ublk-b/ublk-fixed-b"
 [ "${BENCH_Q2:-}" = both ] && pairs="$pairs ublk-q2-off/kernel ublk-q2-off/ublk-credits-off"
+[ -n "${BENCH_WAIT:-}" ] && pairs="$pairs ublk-wait-off/kernel ublk-wait-off/ublk-credits-off ublk-wait-off-a/ublk-credits-off-a ublk-wait-off-b/ublk-credits-off-b"
 pairs="$pairs ublk-credits-off-a/ublk-credits-off-b ublk-a/ublk-credits-off-a ublk-b/ublk-credits-off-b"
 bench_ratios "$FIO_BENCH_OUT" host "$pairs" "$goals"
 # The gate per job and mode, over all rounds and both volumes: the share of

@@ -51,6 +51,12 @@ check_output "set write_pages_min rejects a size under 4k" "4k" sh -c 'ublk-nvmf
 fio_verify "gimbal, zero copy, writes from the request's pages: verify" /dev/ublkb0 randwrite 128k 32 32M --bsrange=4k-256k
 check_output "zero copy: large writes were sent from the request's pages" '"write_direct_bytes":[1-9]' ublk-nvmf status gfile --json
 check_output "set write_pages_min back to the default (max)" "^write_pages_min=4294967295$" ublk-nvmf set gfile write_pages_min=max
+# Which reads wait in the kernel for all their data (the socket's
+# low-water mark), switched at run time: down to 64 KiB, data still right.
+check_output "set read_wait_min=64k at run time" "^read_wait_min=65536$" ublk-nvmf set gfile read_wait_min=64k
+check_output "set read_wait_min rejects a size under 4k" "4k" sh -c 'ublk-nvmf set gfile read_wait_min=1k 2>&1; true'
+fio_verify "gimbal, zero copy, reads of 64k and more wait for all their data: verify" /dev/ublkb0 randwrite 128k 32 32M --bsrange=4k-256k
+check_output "set read_wait_min back to the default (256k)" "^read_wait_min=262144$" ublk-nvmf set gfile read_wait_min=default
 check "gimbal: blkdiscard the whole device" blkdiscard_real /dev/ublkb0
 check "gimbal: blkdiscard --zeroout 1 MiB" blkdiscard_real -z -o 1048576 -l 1048576 /dev/ublkb0
 ublk_fsync_heavy gimbal /dev/ublkb0

@@ -351,24 +351,26 @@ pub fn open_priority(config: &VolumeConfig) -> ublk_target::volume::Priority {
 /// `set` on the control socket: apply, log, answer with the settings now
 /// in force (or `error: ...`).
 fn control_set(vol: &Volume, words: &[&str]) -> String {
-    // The one setting outside [qos]: how zero copy sends large writes.
+    // The settings outside [qos]: how zero copy sends large writes, and
+    // which reads wait for all their data in one receive.
     let (io, words): (Vec<&str>, Vec<&str>) = words
         .iter()
-        .partition(|w| w.starts_with("write_pages_min="));
-    let mut pages_min = None;
+        .partition(|w| IO_SETTINGS.iter().any(|k| w.starts_with(&format!("{k}="))));
+    let mut io_set = Vec::new();
     for w in &io {
-        let v = &w["write_pages_min=".len()..];
-        match parse_pages_min(v) {
-            Some(n) => pages_min = Some(n),
+        let (key, v) = w.split_once('=').expect("partitioned on key=");
+        match parse_io_size(v) {
+            Some(n) => io_set.push((key, n)),
             None => {
                 return format!(
-                    "error: {w:?}: expected a size of at least 4k (k/m suffixes) or max (never)\n"
+                    "error: {w:?}: expected a size of at least 4k (k/m suffixes), max (never) \
+                     or default\n"
                 )
             }
         }
     }
     let mut line = None;
-    if !words.is_empty() || pages_min.is_none() {
+    if !words.is_empty() || io_set.is_empty() {
         let q = &vol.qos;
         match ublk_target::qos::apply_settings(&q.settings(), &words) {
             Ok(c) => {
@@ -378,9 +380,15 @@ fn control_set(vol: &Volume, words: &[&str]) -> String {
             Err(e) => return format!("error: {e}\n"),
         }
     }
-    if let Some(n) = pages_min {
-        vol.stats.write_pages_min.store(n, Ordering::Relaxed);
-        let set = format!("write_pages_min={n}");
+    for (key, n) in io_set {
+        // The value in force (`default` stores 0).
+        let set = if key == "write_pages_min" {
+            vol.stats.write_pages_min.store(n, Ordering::Relaxed);
+            format!("{key}={}", vol.stats.write_pages_min())
+        } else {
+            vol.stats.read_wait_min.store(n, Ordering::Relaxed);
+            format!("{key}={}", vol.stats.read_wait_min())
+        };
         line = Some(match line {
             Some(l) => format!("{l} {set}"),
             None => set,
@@ -391,11 +399,22 @@ fn control_set(vol: &Volume, words: &[&str]) -> String {
     format!("{line}\n")
 }
 
-/// `write_pages_min`'s value: a size of at least 4 KiB (smaller writes
-/// are never sent from the request's pages) or `max` (never).
-fn parse_pages_min(v: &str) -> Option<u32> {
-    if v == "max" {
-        return Some(u32::MAX);
+/// The run-time settings of the data path (`set NAME KEY=SIZE`), beside
+/// the `[qos]` ones: `write_pages_min` ([`Stats::write_pages_min`]) and
+/// `read_wait_min` ([`Stats::read_wait_min`]).
+///
+/// [`Stats::write_pages_min`]: ublk_target::volume::Stats::write_pages_min
+/// [`Stats::read_wait_min`]: ublk_target::volume::Stats::read_wait_min
+const IO_SETTINGS: [&str; 2] = ["write_pages_min", "read_wait_min"];
+
+/// A data-path setting's value: a size of at least 4 KiB (below that the
+/// choice it makes costs more than it saves), `max` (never) or `default`
+/// (0: the setting's default).
+fn parse_io_size(v: &str) -> Option<u32> {
+    match v {
+        "max" => return Some(u32::MAX),
+        "default" => return Some(0),
+        _ => {}
     }
     let n = config_diag::parse_size(v).ok()?;
     (4096..u64::from(u32::MAX)).contains(&n).then_some(n as u32)
@@ -1118,13 +1137,14 @@ mod tests {
     }
 
     #[test]
-    fn write_pages_min_takes_a_size_from_4k_or_max() {
-        assert_eq!(parse_pages_min("32k"), Some(32 * 1024));
-        assert_eq!(parse_pages_min("4096"), Some(4096));
-        assert_eq!(parse_pages_min("1M"), Some(1 << 20));
-        assert_eq!(parse_pages_min("max"), Some(u32::MAX));
+    fn io_settings_take_a_size_from_4k_max_or_default() {
+        assert_eq!(parse_io_size("32k"), Some(32 * 1024));
+        assert_eq!(parse_io_size("4096"), Some(4096));
+        assert_eq!(parse_io_size("1M"), Some(1 << 20));
+        assert_eq!(parse_io_size("max"), Some(u32::MAX));
+        assert_eq!(parse_io_size("default"), Some(0));
         for bad in ["", "0", "512", "4095", "8g", "lots", "-4k"] {
-            assert_eq!(parse_pages_min(bad), None, "{bad:?}");
+            assert_eq!(parse_io_size(bad), None, "{bad:?}");
         }
     }
 

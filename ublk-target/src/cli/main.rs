@@ -114,7 +114,10 @@ enum Cmd {
     /// their *_burst, credits=auto|target|estimate|off; and, with zero
     /// copy, write_pages_min=SIZE|max: writes of at least SIZE are sent
     /// from the request's pages, smaller ones read into our buffer first
-    /// (their large pieces spliced to the socket); default max (never).
+    /// (their large pieces spliced to the socket); default max (never);
+    /// read_wait_min=SIZE|max|default: a read's data of at least SIZE
+    /// still due is received in one receive that waits until all of it
+    /// has arrived, smaller pieces take what has arrived; default 256k.
     Set {
         /// Volume name.
         name: String,
