@@ -63,7 +63,7 @@ use nvmf_proto::fabrics::{AuthReq, AuthenticationReceive, AuthenticationSend};
 use nvmf_proto::fabrics::{Connect, ConnectData, PriorityClass, CNTLID_DYNAMIC};
 use nvmf_proto::pdu::{
     crc32c_append, pdu_type, CapsuleCmd, EncodeConfig, H2CData, IcReq, Negotiated, Pdu, Role,
-    TermReq, DIGEST_LEN,
+    TermReq, CAPSULE_RESP_HLEN, DATA_PDU_HLEN, DIGEST_LEN, R2T_HLEN, TERM_REQ_HLEN,
 };
 use nvmf_proto::sqe::{admin_opcode, DataDirection, SglDescriptor, Sqe};
 use nvmf_proto::{ProtoError, Status};
@@ -417,6 +417,9 @@ pub struct Queue<B> {
     /// The C2HData PDU whose header was accepted and whose data (and
     /// digest) are still arriving.
     rx_data: Option<RxData>,
+    /// The last PDU in was the last data of a read, without the SUCCESS
+    /// flag: its CapsuleResp usually comes next ([`Queue::rx_header_len`]).
+    rx_resp_next: bool,
     slots: Vec<Slot>,
     free_slots: Vec<u16>,
     slot_bits: u32,
@@ -504,6 +507,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             connect_deadline,
             rx: Vec::new(),
             rx_data: None,
+            rx_resp_next: false,
             reqs: Vec::new(),
             free_reqs: Vec::new(),
             next_seq: 0,
@@ -1262,6 +1266,39 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
             })
     }
 
+    /// How many bytes a receive into the driver's own buffer should ask
+    /// for to end exactly where the next data-bearing PDU's header does,
+    /// when the queue is at a PDU boundary (live, no data due, nothing of
+    /// a PDU held back): every PDU a host receives once connected
+    /// (C2HData, CapsuleResp, R2T, C2HTermReq) has a header of the same
+    /// length, plus a header digest where one was negotiated; and right
+    /// after a read's last data without the SUCCESS flag, two of them,
+    /// since its CapsuleResp usually comes next (a target sends a read's
+    /// data and then its response). A C2HData PDU's data then stays in
+    /// the socket for [`Queue::rx_direct`], instead of its first bytes
+    /// arriving with the header and having to be copied into place, at
+    /// one receive per read's headers. `None` anywhere else; a driver
+    /// then receives as usual (the queue takes bytes split anywhere, so
+    /// a wrong guess only costs a copy).
+    pub fn rx_header_len(&self) -> Option<usize> {
+        // One length for all four (checked at compile time below).
+        const _: () = assert!(
+            CAPSULE_RESP_HLEN == DATA_PDU_HLEN
+                && R2T_HLEN == DATA_PDU_HLEN
+                && TERM_REQ_HLEN == DATA_PDU_HLEN
+        );
+        if self.state != QueueState::Live || self.rx_data.is_some() || !self.rx.is_empty() {
+            return None;
+        }
+        let digest = if self.encode.header_digest {
+            DIGEST_LEN
+        } else {
+            0
+        };
+        let one = DATA_PDU_HLEN + digest;
+        Some(if self.rx_resp_next { 2 * one } else { one })
+    }
+
     /// The `user_data` of the request [`Queue::rx_direct`] points into, so
     /// a driver can keep that request's buffer alive while a receive into
     /// it is outstanding.
@@ -1308,6 +1345,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
     /// TermReq): check it against its command as a whole PDU would be,
     /// and get ready for its data.
     fn begin_data(&mut self, h: DataHeader, head: &[u8]) {
+        self.rx_resp_next = false;
         match self.accept_c2h(h.pdu_type, h.cccid, h.datao, h.datal, h.last) {
             Ok((slot, piece)) => {
                 self.rx_data = Some(RxData {
@@ -1380,6 +1418,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         };
         piece.done += d.header.datal;
         self.slots[slot as usize].piece = Some(piece);
+        self.rx_resp_next = !d.header.success && piece.done == piece.len;
         if d.header.success {
             self.stats.success_shortcuts += 1;
             if let Err(e) = self.complete_piece(now, slot, piece, Status::SUCCESS, 0, 0) {
@@ -1459,6 +1498,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
     }
 
     fn handle_pdu(&mut self, now: Instant, pdu: Pdu<'_>) -> Result<(), Error> {
+        self.rx_resp_next = false;
         match pdu {
             Pdu::IcResp(resp) => {
                 if self.state != QueueState::AwaitIcResp {

@@ -4,8 +4,9 @@
 //! bytes `poll_transmit` appends, for in-capsule writes and H2CData alike,
 //! with and without digests, whatever the send limit and the in-place
 //! thresholds, and a request whose threshold is 1 has all its data left in
-//! place; and `expects_read_data`, which tells a driver when a short
-//! receive leaves a read's data for a direct one.
+//! place; `expects_read_data`, which tells a driver when a short
+//! receive leaves a read's data for a direct one; and `rx_header_len`,
+//! how short that receive can be.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -279,4 +280,118 @@ fn expects_read_data_names_reads_with_that_much_data_still_due() {
     assert!(!q.expects_read_data(1));
     q.close();
     assert!(!q.expects_read_data(1));
+}
+
+/// A driver that asks for `rx_header_len` bytes at every PDU boundary
+/// gets each C2HData PDU's header without any of its data, and all of
+/// that data offered for a direct receive, with and without digests; the
+/// read's data still comes out right, and a header split across receives
+/// falls back to `None`.
+#[test]
+fn rx_header_len_leaves_all_of_a_pdus_data_for_a_direct_receive() {
+    for digests in [false, true] {
+        let t = target(digests);
+        let (mut q, mut c) = io_queue(&t, digests);
+        let now = Instant::now();
+        let written = data(65536, 3);
+        let w = Command::Write {
+            nsid: 1,
+            slba: 0,
+            block_size: BLOCK as u32,
+            fua: false,
+        };
+        let r = Command::Read {
+            nsid: 1,
+            slba: 0,
+            block_size: BLOCK as u32,
+        };
+        q.submit(
+            now,
+            Request {
+                command: w,
+                buf: Some(written.clone()),
+                user_data: 1,
+            },
+        )
+        .unwrap();
+        settle(&mut q, &mut c, now);
+        assert!(matches!(q.poll_event(), Some(Event::Completed(_))));
+        let hlen = 24 + if digests { 4 } else { 0 };
+        assert_eq!(q.rx_header_len(), Some(hlen), "digests {digests}");
+        q.submit(
+            now,
+            Request {
+                command: r,
+                buf: Some(vec![0; 65536]),
+                user_data: 2,
+            },
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        while q.poll_transmit(&mut out, 1 << 20) > 0 {}
+        c.handle_bytes(&out);
+        let back = c.take_output();
+        let mut at = 0;
+        let mut headers = 0;
+        let mut direct = 0;
+        while at < back.len() {
+            if let Some(place) = q.rx_direct() {
+                let n = place.len().min(back.len() - at);
+                place[..n].copy_from_slice(&back[at..at + n]);
+                q.handle_direct(now, n);
+                direct += n;
+                at += n;
+            } else if let Some(n) = q.rx_header_len() {
+                // One header, or two right after the read's last data
+                // (its CapsuleResp comes next, unless the data carried
+                // the SUCCESS flag).
+                assert!(n == hlen || n == 2 * hlen, "{n}");
+                let n = n.min(back.len() - at);
+                let before = direct;
+                q.handle_bytes(now, &back[at..at + n]);
+                at += n;
+                headers += 1;
+                // Nothing of the PDU's data came with its header.
+                assert_eq!(direct, before);
+            } else {
+                // A data digest: the bytes after a PDU's data.
+                q.handle_bytes(now, &back[at..at + 1]);
+                at += 1;
+            }
+        }
+        assert_eq!(
+            direct, 65536,
+            "every data byte went direct (digests {digests})"
+        );
+        // The C2HData PDUs and the response (the fake target may fold the
+        // status into the last data PDU).
+        assert!(headers >= 2, "{headers} headers");
+        match q.poll_event() {
+            Some(Event::Completed(done)) => {
+                assert_eq!(done.user_data, 2);
+                assert_eq!(done.buf.as_deref(), Some(&written[..]));
+            }
+            e => panic!("expected the read's completion, got {e:?}"),
+        }
+        // Part of a header held back: the driver receives as usual.
+        q.submit(
+            now,
+            Request {
+                command: r,
+                buf: Some(vec![0; 4096]),
+                user_data: 3,
+            },
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        while q.poll_transmit(&mut out, 1 << 20) > 0 {}
+        c.handle_bytes(&out);
+        let back = c.take_output();
+        q.handle_bytes(now, &back[..10]);
+        assert_eq!(q.rx_header_len(), None);
+        q.handle_bytes(now, &back[10..]);
+        assert_eq!(q.rx_header_len(), Some(hlen));
+        q.close();
+        assert_eq!(q.rx_header_len(), None);
+    }
 }

@@ -66,7 +66,9 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// Receive buffer per connection.
 pub const RX_BYTES: usize = 256 * 1024;
 /// What a receive into that buffer asks for while a read still expects at
-/// least [`LARGE_READ_BYTES`] of data: a full-size receive would take
+/// least [`LARGE_READ_BYTES`] of data and the queue is not at a PDU
+/// boundary (at one it asks for just the next headers, [`buffered_len`]):
+/// a full-size receive would take
 /// (and so copy) most of a large read's data out of the buffer, a short
 /// one takes the headers before it and a little of its data, and the rest
 /// is offered for a direct receive (measured with
@@ -973,12 +975,22 @@ pub fn direct_place(q: &mut Queue<TagBuf>) -> Option<(u16, *mut u8, usize)> {
 }
 
 /// How many bytes a receive into the thread's buffer asks for on `q`'s
-/// connection: [`RX_SHORT_BYTES`] while a read still expects
-/// [`LARGE_READ_BYTES`] or more of data (so that its data is left for a
-/// direct receive), else [`RX_BYTES`].
+/// connection: while a read still expects [`LARGE_READ_BYTES`] or more of
+/// data, just the next PDU headers where the queue is at a PDU boundary
+/// (`Queue::rx_header_len`: the data of a C2HData PDU behind them is then
+/// all left for a direct receive, none of it copied into place
+/// afterwards), else [`RX_SHORT_BYTES`]; otherwise [`RX_BYTES`]. With
+/// zero copy, the ~8 KiB of each 128 KiB read that the short receive took
+/// cost a copy into our buffer, one into the tag's and a `pwrite` into
+/// the request: asking for the headers alone took the client's queue
+/// thread from 927 to 699 us of CPU per 128 KiB read and the copied
+/// share of read data from 6.2 % to 0.5 %, at 3.45 receives per read
+/// against 3.30 (`BENCH_PERF=1 BENCH_ONLY=profile tests/vm/run --bench
+/// ublk`, its `by=thread` and `by=socket` lines; docs/benchmarks.md,
+/// 2026-11-30, fifth).
 pub fn buffered_len(q: &Queue<TagBuf>) -> usize {
     if q.expects_read_data(LARGE_READ_BYTES) {
-        RX_SHORT_BYTES
+        q.rx_header_len().unwrap_or(RX_SHORT_BYTES)
     } else {
         RX_BYTES
     }
@@ -1683,9 +1695,10 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp, chai
             what: Wait::Rx,
         }
         .await;
-        let (direct, short) = {
+        let (direct, short, wait_min) = {
             let mut e = engine.borrow_mut();
-            (e.rx_place(path, generation), e.rx_len(path))
+            let wait_min = e.stats.read_wait_min();
+            (e.rx_place(path, generation), e.rx_len(path), wait_min)
         };
         if direct.is_some() && grown != Some(generation) {
             grown = Some(generation);
@@ -1739,7 +1752,7 @@ pub async fn rx_task(engine: Rc<RefCell<Engine>>, path: usize, op: UringOp, chai
             // read takes it all. Without them the read returns what has
             // arrived, and a 1 MiB read's data took about ten
             // completions, each a trip through the ring and this thread.
-            Some(d) if can_wait && d.len() >= LOWAT_MIN_BYTES => {
+            Some(d) if can_wait && d.len() >= wait_min => {
                 let sqes = [
                     set_lowat(lowat, d.len()),
                     io_uring::opcode::PollAdd::new(sock, libc::POLLIN as u32)
