@@ -318,19 +318,7 @@ fn rx_header_len_leaves_all_of_a_pdus_data_for_a_direct_receive() {
         assert!(matches!(q.poll_event(), Some(Event::Completed(_))));
         let hlen = 24 + if digests { 4 } else { 0 };
         assert_eq!(q.rx_header_len(), Some(hlen), "digests {digests}");
-        q.submit(
-            now,
-            Request {
-                command: r,
-                buf: Some(vec![0; 65536]),
-                user_data: 2,
-            },
-        )
-        .unwrap();
-        let mut out = Vec::new();
-        while q.poll_transmit(&mut out, 1 << 20) > 0 {}
-        c.handle_bytes(&out);
-        let back = c.take_output();
+        let back = answer_to(&mut q, &mut c, now, r, 65536, 2);
         let mut at = 0;
         let mut headers = 0;
         let mut direct = 0;
@@ -374,19 +362,7 @@ fn rx_header_len_leaves_all_of_a_pdus_data_for_a_direct_receive() {
             e => panic!("expected the read's completion, got {e:?}"),
         }
         // Part of a header held back: the driver receives as usual.
-        q.submit(
-            now,
-            Request {
-                command: r,
-                buf: Some(vec![0; 4096]),
-                user_data: 3,
-            },
-        )
-        .unwrap();
-        let mut out = Vec::new();
-        while q.poll_transmit(&mut out, 1 << 20) > 0 {}
-        c.handle_bytes(&out);
-        let back = c.take_output();
+        let back = answer_to(&mut q, &mut c, now, r, 4096, 3);
         q.handle_bytes(now, &back[..10]);
         assert_eq!(q.rx_header_len(), None);
         q.handle_bytes(now, &back[10..]);
@@ -394,4 +370,29 @@ fn rx_header_len_leaves_all_of_a_pdus_data_for_a_direct_receive() {
         q.close();
         assert_eq!(q.rx_header_len(), None);
     }
+}
+
+/// Submit `command` with a buffer of `len` bytes and return the target's
+/// answer, not yet handed to the queue.
+fn answer_to(
+    q: &mut Queue<Vec<u8>>,
+    c: &mut FakeConnection,
+    now: Instant,
+    command: Command,
+    len: usize,
+    user_data: u64,
+) -> Vec<u8> {
+    q.submit(
+        now,
+        Request {
+            command,
+            buf: Some(vec![0; len]),
+            user_data,
+        },
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    while q.poll_transmit(&mut out, 1 << 20) > 0 {}
+    c.handle_bytes(&out);
+    c.take_output()
 }
