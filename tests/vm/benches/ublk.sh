@@ -38,6 +38,9 @@
 #                     large write sent from the request's pages with
 #                     WRITE_FIXED instead of read into our buffer and
 #                     spliced), to A/B how zero copy sends large writes
+# BENCH_PROBE_LOG=1 has volumes ublka and ublkb log every gain probe's
+# comparison (RUST_LOG ublk_target::qos=debug) and prints those of each
+# default run after it (`probe ROUND JOB HOST |` lines, console log).
 # The two ublk modes are not two volumes but two volumes in both modes:
 # volumes `ublka` and `ublkb` (`ublkq2a`/`ublkq2b` with queues = 2) each
 # run every job once with the default and once with credits off
@@ -232,8 +235,12 @@ set_mode() {
 if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ] || [ "$ONLY" = interleave ] || [ "$ONLY" = climb ] || [ "$ONLY" = offset ]; then
     gimbal_write_config
     gimbal_start || exit 1
+    # BENCH_PROBE_LOG=1: the default volumes log every gain probe's
+    # comparison, shown after each default run (the probes' noise).
+    [ -n "${BENCH_PROBE_LOG:-}" ] && export RUST_LOG=info,ublk_target::qos=debug
     volume D_A ublka 4420 $NQN 3 1 auto || exit 1
     volume D_B ublkb 4420 $NQN 3 1 auto || exit 1
+    unset RUST_LOG
     volume D_A2 ublkq2a 4420 $NQN 3 2 auto || exit 1
     volume D_B2 ublkq2b 4420 $NQN 3 2 auto || exit 1
     if [ -n "${BENCH_COPY:-}" ]; then volume D_COPY ublkcopy 4420 $NQN 3 1 off copy || exit 1; fi
@@ -326,6 +333,8 @@ matrix_job() {
         if [ -n "$_vol" ]; then set_mode "$_vol" "$_mode" || continue; fi
         tcp_counters >/dev/null
         [ -n "$_vol" ] && _g0=$(gate_counts "$_vol") && _u0=$(uptime_ms)
+        _plog="${UBLK_NVMF_RUN_DIR:-/run/ublk-nvmf}/$_vol.log"
+        _pl0=$(cat "$_plog" 2>/dev/null | wc -l)
         fio_bench "round=$_r host=${_h%%=*} job=$_j" "$_dev" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
         [ -n "$_vol" ] && _u1=$(uptime_ms) && _g1=$(gate_counts "$_vol")
         log "round $_r $_j ${_h%%=*} tcp: $(tcp_counters)"
@@ -334,6 +343,10 @@ matrix_job() {
         # default/off ratio below 1 is read against its window and gain.
         if [ "$_mode" = auto ]; then
             log "round $_r $_j, $_vol after: $(ublk-nvmf status "$_vol" 2>&1 | grep -m1 'qos: credits' | sed 's/^ *//')"
+            if [ -n "${BENCH_PROBE_LOG:-}" ]; then
+                tail -n +$((_pl0 + 1)) "$_plog" 2>/dev/null | grep -a 'probe \(up\|down\) from gain' |
+                    sed "s/^/    probe $_r $_j ${_h%%=*} | /"
+            fi
         fi
     done
     for _m in ublk ublk-credits-off ublk-fixed ublk-q2-off ublk-wait-off; do
