@@ -143,15 +143,15 @@
 //!   while the drift costs the volume its own throughput. Measured: the
 //!   guest's 128 KiB reads deliver about `0.48 + 0.15 ln n` of their
 //!   rate at 32 in flight with `n` in flight (0.69 at 4), so a step of
-//!   1.5x pays 6-9 %, and the probe log shows its comparisons spread
-//!   by ±15-20 % (docs/benchmarks.md, "Probes in the guest's noise"): at
-//!   +5 % the gate stopped climbing at gain 2-4.5 in most runs, the gate
-//!   held 66-91 % of the reads and the default ran at 0.70-0.89 of
-//!   credits off, against the issue's 0.97. On the gate's model of that
-//!   path (`credit_gate`'s `guest_reads_report`: the curve, bunched
-//!   completions) the last 11 of 33 s went from 0.920 to 0.967 of
-//!   credits off at the 10th percentile of 20 seeds (medians 0.979 and
-//!   0.982). The cost falls on a tenant the gate cannot see, behind
+//!   1.5x pays 6-9 %, and the probe log shows its comparisons with a
+//!   standard deviation of 16 % (docs/benchmarks.md, "Probes in the
+//!   guest's noise"): at +5 % the gain stayed at 2-4.5, the gate held
+//!   81-91 % of the reads and the default ran at 0.70-0.89 of credits
+//!   off, against the issue's 0.97 (at +2 %: 61-66 % held, 0.89-0.92).
+//!   On the gate's model of that path (`credit_gate`'s
+//!   `guest_reads_report`: the curve, bunched completions) the last 11
+//!   of 33 s went from 0.920 to 0.967 of credits off at the 10th
+//!   percentile of 20 seeds (medians 0.979 and 0.982). The cost falls on a tenant the gate cannot see, behind
 //!   another host or a plain target: on a flat path with ±8 % phases
 //!   the mean gain is 4.6 instead of 3.0
 //!   (`a_noisy_flat_path_alone_walks_without_a_bias`); the `sim`
