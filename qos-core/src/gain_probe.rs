@@ -152,9 +152,10 @@
 //!   On the gate's model of that path (`credit_gate`'s
 //!   `guest_reads_report`: the curve, bunched completions) the last 11
 //!   of 33 s went from 0.920 to 0.967 of credits off at the 10th
-//!   percentile of 20 seeds (medians 0.979 and 0.982). The cost falls on a tenant the gate cannot see, behind
-//!   another host or a plain target: on a flat path with ±8 % phases
-//!   the mean gain is 4.6 instead of 3.0
+//!   percentile of 20 seeds (medians 0.979 and 0.982). The cost falls
+//!   on a tenant the gate cannot see, behind another host or a plain
+//!   target: on a flat path with ±8 % phases the mean gain is 4.6
+//!   instead of 3.0
 //!   (`a_noisy_flat_path_alone_walks_without_a_bias`); the `sim`
 //!   device's model still keeps an unseen reader's p99 at half of
 //!   credits off or less after 30 s
@@ -888,6 +889,15 @@ mod tests {
         assert_eq!(p.counts().up_kept, 0);
     }
 
+    /// One round of a neighbour that stays busy (four requests) at a
+    /// latency `p`'s window does not move (1 ms), told to `p`: its
+    /// probes cost it nothing, so only the busy-neighbour rules apply.
+    fn busy_at_a_steady_latency(p: &mut GainProbe, neighbour: &mut NeighbourTotals) {
+        neighbour.completions += 4;
+        neighbour.latency_ns += 4 * 1_000_000;
+        p.set_neighbours(&[*neighbour]);
+    }
+
     /// Drives a fresh gate (ceiling 64, past its young climb) over a path
     /// whose rate at gain `g` is `rate(g)` (at most 1), each phase's
     /// length measuring with a spread `sigma` (a sum of four uniforms, so
@@ -902,10 +912,7 @@ mod tests {
         let mut x = 7u64;
         let mut noise = 1.0;
         let (mut gains, mut delivered) = (0.0, 0.0);
-        let mut neighbour = NeighbourTotals {
-            id: 7,
-            ..NeighbourTotals::default()
-        };
+        let (_, _, mut neighbour) = beside_a_neighbour();
         let n = 400_000;
         for i in 0..n {
             if i % PHASE_ROUNDS == 0 {
@@ -918,9 +925,7 @@ mod tests {
                 }
             }
             if beside {
-                neighbour.completions += 4;
-                neighbour.latency_ns += 4 * 1_000_000;
-                p.set_neighbours(&[neighbour]);
+                busy_at_a_steady_latency(&mut p, &mut neighbour);
             }
             delivered += rate(p.current()) / rate(64.0);
             drive(&mut p, 1, |g| 5.0 * rate(g) * noise, &mut t, &mut b);
@@ -1076,19 +1081,14 @@ mod tests {
         let (mut t, mut b) = (0, 0.0);
         let mut x = 1u64;
         let mut probing = 0;
-        let mut neighbour = NeighbourTotals {
-            id: 7,
-            ..NeighbourTotals::default()
-        };
+        let (_, _, mut neighbour) = beside_a_neighbour();
         for _ in 0..40_000 {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let noise = 0.8 + 0.4 * ((x >> 33) as f64 / (1u64 << 31) as f64);
             if beside {
-                neighbour.completions += 4;
-                neighbour.latency_ns += 4 * 1_000_000;
-                p.set_neighbours(&[neighbour]);
+                busy_at_a_steady_latency(&mut p, &mut neighbour);
             }
             drive(&mut p, 1, |_| 5.0 * noise, &mut t, &mut b);
             probing += u32::from(p.probing());

@@ -333,8 +333,10 @@ matrix_job() {
         if [ -n "$_vol" ]; then set_mode "$_vol" "$_mode" || continue; fi
         tcp_counters >/dev/null
         [ -n "$_vol" ] && _g0=$(gate_counts "$_vol") && _u0=$(uptime_ms)
-        _plog="${UBLK_NVMF_RUN_DIR:-/run/ublk-nvmf}/$_vol.log"
-        _pl0=$(cat "$_plog" 2>/dev/null | wc -l)
+        if [ -n "${BENCH_PROBE_LOG:-}" ] && [ -n "$_vol" ]; then
+            _plog="${UBLK_NVMF_RUN_DIR:-/run/ublk-nvmf}/$_vol.log"
+            _pl0=$(wc -l <"$_plog" 2>/dev/null || echo 0)
+        fi
         fio_bench "round=$_r host=${_h%%=*} job=$_j" "$_dev" "$_rw" "$_bs" "$_qd" "$SECS" "$_n"
         [ -n "$_vol" ] && _u1=$(uptime_ms) && _g1=$(gate_counts "$_vol")
         log "round $_r $_j ${_h%%=*} tcp: $(tcp_counters)"
