@@ -31,7 +31,9 @@
 //!
 //! - **Bottleneck bandwidth** `B`: the largest per-round delivery rate of
 //!   the last ten rounds ([`DeliveryRate`]; app-limited rounds only count
-//!   when they raise it).
+//!   when they raise it; a round's rate is over the longer of its
+//!   completion span and its requests' send span, so bunched completions
+//!   do not read as bandwidth).
 //! - **Base latency** `L`: the windowed minimum latency per I/O kind
 //!   ([`BaseLatency`]: samples last `base_window_ms` / 2 to
 //!   `base_window_ms`; when a major kind has had no sample alone in flight
@@ -397,10 +399,12 @@ impl CreditGate {
         // Rounds and probe phases run on the busy clock; the base's
         // windows (seconds of real time) do not.
         let now = self.busy_clock(now, latency_ns);
-        if let Some((_, bound)) = self
-            .rate
-            .on_completion(now, bytes, in_flight.saturating_sub(1))
-        {
+        if let Some((_, bound)) = self.rate.on_completion(
+            now,
+            bytes,
+            in_flight.saturating_sub(1),
+            Nanos(now.0.saturating_sub(latency_ns)),
+        ) {
             // The probe decides from the gain the window follows, which
             // at the window's floor is above the settled one
             // (`GainProbe::set_floor`).
@@ -1528,7 +1532,9 @@ mod tests {
                 .map(|seed| {
                     let (off, _) = guest_reads(CreditMode::Off, seed, from, secs);
                     let (est, g) = guest_reads(CreditMode::Estimate, seed, from, secs);
-                    (est as f64 / off as f64, g.window().0, g.gain())
+                    let over =
+                        g.bandwidth_bps().unwrap() / (est as f64 * 131072.0 / (secs - from) as f64);
+                    (est as f64 / off as f64, (over * 100.0) as u32, g.gain())
                 })
                 .collect();
             r.sort_by(|a, b| a.0.total_cmp(&b.0));

@@ -12,6 +12,24 @@
 //!   request or two. A round whose completions all carry the start's
 //!   timestamp (one batch of completion queue entries) is extended until
 //!   time has passed, so a sample never divides by zero.
+//! - **Over the longer of two spans**, as BBR's delivery rate samples
+//!   are (draft-cheng-iccrg-delivery-rate-estimation: delivered data
+//!   over the longer of its send and ACK intervals): the round's
+//!   completion span, and the span over which the requests it completed
+//!   were sent (from the latest send completed before the round to the
+//!   latest completed in it; a completion's send time is its time minus
+//!   its latency). Why: completions that arrive in a bunch make a short
+//!   round that reads as a burst of bandwidth the path never had, and
+//!   the maximum below keeps the highest such reading for ten rounds. In
+//!   the TCG guest, whose completions come in bunches, the estimate read
+//!   444-960 MiB/s for 128 KiB reads that delivered 121-140
+//!   (docs/benchmarks.md, 2026-11-30, seventh), so the window swung with
+//!   which bunches were in the last ten rounds, and a writer's window
+//!   beside a reader it cannot see was several bandwidth-delay products
+//!   wider than its gain says. Requests sent over a longer span than
+//!   they completed in were fed no faster than that: their completions
+//!   bunched on the way back. A path that really speeds up shows it in
+//!   both spans.
 //! - **Window-bound or not.** A round is *bound* if the gate's window was
 //!   reached at some point during it ([`DeliveryRate::mark_bound`]); then
 //!   its rate is what the path delivered at the window. A round that was
@@ -53,6 +71,10 @@ pub struct DeliveryRate {
     ending: Option<Nanos>,
     /// Whether the window was reached during the current round.
     bound: bool,
+    /// The latest send time of the requests completed before the current
+    /// round, and of those completed in it so far.
+    sent_before: Option<Nanos>,
+    sent_latest: Option<Nanos>,
     /// (round, bytes/s), rounds increasing and rates decreasing: the
     /// front is the maximum of the samples still in the window.
     samples: VecDeque<(u64, f64)>,
@@ -70,18 +92,29 @@ impl DeliveryRate {
         self.bound = true;
     }
 
-    /// Records a completion of `bytes` at `now`; `in_flight` counts the
-    /// requests still in flight after it. Returns the sample (bytes per
-    /// second, and whether the round was bound) of the round this
-    /// completion closes, if any.
-    pub fn on_completion(&mut self, now: Nanos, bytes: u64, in_flight: u32) -> Option<(f64, bool)> {
+    /// Records a completion of `bytes` at `now` of a request sent at
+    /// `sent`; `in_flight` counts the requests still in flight after it.
+    /// Returns the sample (bytes per second, and whether the round was
+    /// bound) of the round this completion closes, if any.
+    pub fn on_completion(
+        &mut self,
+        now: Nanos,
+        bytes: u64,
+        in_flight: u32,
+        sent: Nanos,
+    ) -> Option<(f64, bool)> {
         let mut sample = None;
         if let (Some(end), Some((start, start_bytes))) = (self.ending, self.start) {
             if now > end {
                 // Every completion of the round's last instant is in; this
                 // one opens the next round, which starts at that instant.
+                let sent_span = match (self.sent_before, self.sent_latest) {
+                    (Some(a), Some(b)) => b.nanos_since(a),
+                    _ => 0,
+                };
                 let rate = (self.delivered_bytes - start_bytes) as f64 * NANOS_PER_SEC as f64
-                    / end.nanos_since(start) as f64;
+                    / end.nanos_since(start).max(sent_span) as f64;
+                self.sent_before = self.sent_latest;
                 let bound = self.bound;
                 self.round += 1;
                 if bound || self.max_bps().is_none_or(|max| rate >= max) {
@@ -96,14 +129,18 @@ impl DeliveryRate {
         }
         self.delivered += 1;
         self.delivered_bytes += bytes;
+        let latest = self.sent_latest.map_or(sent, |t| t.max(sent));
+        self.sent_latest = Some(latest);
         match self.start {
             None => {
+                self.sent_before = Some(latest);
                 self.start = Some((now, self.delivered_bytes));
                 self.round_end = self.delivered + u64::from(in_flight.max(1));
             }
             // More completions of the start instant: they took no time of
             // this round, so they are not in it.
             Some((start, _)) if now == start => {
+                self.sent_before = Some(latest);
                 self.start = Some((start, self.delivered_bytes));
                 self.round_end += 1;
             }
@@ -168,7 +205,7 @@ mod tests {
                 d.mark_bound();
             }
             *now += gap_ns;
-            out.extend(d.on_completion(Nanos(*now), 4096, in_flight));
+            out.extend(d.on_completion(Nanos(*now), 4096, in_flight, Nanos(0)));
         }
         out
     }
@@ -196,7 +233,7 @@ mod tests {
         // A batch of 4 at t = 1 µs, 4 more in flight after it: the first
         // starts the round, the others took no time of it.
         for left in (0..4).rev() {
-            assert_eq!(d.on_completion(Nanos(1000), 4096, left + 4), None);
+            assert_eq!(d.on_completion(Nanos(1000), 4096, left + 4, Nanos(0)), None);
         }
         // Then a batch of 4 every 10 µs, 4 more sent after each (8 in
         // flight): every round is two whole batches over 20 µs, never a
@@ -204,13 +241,44 @@ mod tests {
         let mut samples = Vec::new();
         for k in 1..=7u64 {
             for left in (0..4).rev() {
-                samples.extend(d.on_completion(Nanos(1000 + k * 10_000), 4096, left + 4));
+                samples.extend(d.on_completion(Nanos(1000 + k * 10_000), 4096, left + 4, Nanos(0)));
             }
         }
         assert!(samples.len() >= 2, "{samples:?}");
         for (rate, _) in samples {
             assert!((rate - 4.0 * 4096.0 / 10e-6).abs() < 1.0, "{rate}");
         }
+    }
+
+    /// Requests sent one every 10 µs, completing in bunches of four
+    /// within 1 µs every 40 µs (the same rate, delivered in bursts): over
+    /// their completion spans alone some rounds read several times the
+    /// rate; over the longer of the two spans none reads more than it.
+    #[test]
+    fn bunched_completions_do_not_read_as_more_bandwidth_than_was_sent() {
+        let rate = 4096.0 / 10e-6;
+        let run = |with_sends: bool| {
+            let mut d = DeliveryRate::new();
+            let mut samples = Vec::new();
+            for i in 0..400u64 {
+                let (bunch, k) = (i / 4, i % 4);
+                let now = 100 * US + bunch * 40 * US + k * 250;
+                let sent = if with_sends { i * 10 * US } else { 0 };
+                d.mark_bound();
+                // Two in flight: a round is two completions, within a
+                // bunch or across two.
+                samples.extend(d.on_completion(Nanos(now), 4096, 1, Nanos(sent)));
+            }
+            (samples, d.max_bps().unwrap())
+        };
+        let (acks_only, max) = run(false);
+        assert!(max > 2.0 * rate, "{max} against {rate}: {acks_only:?}");
+        let (both, max) = run(true);
+        assert!(both.len() > 50);
+        for (r, _) in &both {
+            assert!(*r <= rate * 1.0001, "{r} against {rate}");
+        }
+        assert!(max > rate * 0.97, "{max} against {rate}");
     }
 
     #[test]
