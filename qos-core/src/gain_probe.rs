@@ -93,27 +93,33 @@
 //!   quiet gap is neither a slow phase nor a new regime.
 //! - **A young gate climbs in double steps.** Until two of its up probes
 //!   in a row are not kept (or the gain reaches `max`), an up probe and
-//!   the gain it keeps are `× STEP²` ([`STARTUP_STEP`]): the gain walks the same grid
-//!   (2, 4.5, 10.1, 22.8, 51.3, 64 with the default ceiling, from a
-//!   window above its floor) in half the steps, and a step at the low end
-//!   shows about twice the throughput change over the same noise.
-//!   Measured in the TCG guest (docs/benchmarks.md, "A probe compared at
-//!   a held window; a young gate's double steps"): a fresh volume's 128k
-//!   reads reached gain 10 in a median 2.7 s over five runs, against
-//!   ~11 s before (one run, without this and without the gate's held
-//!   product during a comparison). A tenant beside a saturated device
-//!   pays two such probes (16 rounds each at 2.25× its window) and then
-//!   probes as before. **Why two unpaid probes, not one**: as every
-//!   other decision here, ending the double steps takes two comparisons.
-//!   In the guest (docs/benchmarks.md, 2026-11-30, seventh) one of two
-//!   fresh volumes had its first double probe at 128k reads come out
-//!   unpaid on noise; it then climbed in single steps to gain 4.5-10 with
-//!   the gate holding 22-67 % of its reads, while the other stayed young,
-//!   reached 10-22.8 and was held 2-20 %. A second unpaid probe in a row
-//!   is what a flat path gives, and a young gate has no double steps
-//!   beside a busy neighbour anyway. Tried and not kept: a BBR-STARTUP-like phase (a step per
-//!   phase, no A-B-A; section "What the gate holds"), and measuring each
-//!   phase over at least 256 completions (slower: 7.2 s).
+//!   the gain it keeps are `× STEP²` ([`STARTUP_STEP`]): the gain walks
+//!   the same grid (2, 4.5, 10.1, 22.8, 51.3, 64 with the default
+//!   ceiling, from a window above its floor) in half the steps, and a
+//!   step at the low end shows about twice the throughput change over the
+//!   same noise. Measured in the TCG guest (docs/benchmarks.md, "A probe
+//!   compared at a held window; a young gate's double steps"): a fresh
+//!   volume's 128k reads reached gain 10 in a median 2.7 s over five
+//!   runs, against ~11 s before (one run, without this and without the
+//!   gate's held product during a comparison). A tenant beside a
+//!   saturated device it cannot see pays two such probes (16 rounds each
+//!   at 2.25× its window) and then probes as before. **Why two unpaid
+//!   probes, not one**: as every other decision here, ending the double
+//!   steps takes two comparisons. In the guest (docs/benchmarks.md,
+//!   2026-11-30, seventh) one of two fresh volumes had its first double
+//!   probe at 128k reads come out unpaid on noise; it then climbed in
+//!   single steps to gain 4.5-10 with the gate holding 22-67 % of its
+//!   reads, while the other stayed young, reached 10-22.8 and was held
+//!   2-20 %. A flat path gives a second unpaid probe in a row. The cost
+//!   is the unseen tenant's: on the `sim` model its reader's p99 rose by
+//!   up to 28 % with the old bandwidth estimate, and is about where it
+//!   was with the estimate over the send span too
+//!   ([`DeliveryRate`](crate::delivery_rate::DeliveryRate)), which no
+//!   longer widens a writer's window with bunched completions. A young
+//!   gate has no double steps beside a busy neighbour anyway. Tried and
+//!   not kept: a BBR-STARTUP-like phase (a step per phase, no A-B-A;
+//!   section "What the gate holds"), and measuring each phase over at
+//!   least 256 completions (slower: 7.2 s).
 //! - **Neighbours.** Where the driver tells the probe the running totals
 //!   of the other volumes of its namespace on the host
 //!   ([`GainProbe::set_neighbours`]; [`crate::neighbours`] says why), each
