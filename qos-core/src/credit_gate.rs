@@ -67,7 +67,7 @@
 //!   probing down after a probe up that did not pay, finds the knee of
 //!   the path's own curve; failed probes
 //!   back off to a few per cent of the time. A young gate steps 2.25×
-//!   until two probes in a row fail, so a fresh volume's large I/O opens
+//!   until two of its probes fail, so a fresh volume's large I/O opens
 //!   in half the probes.
 //! - **Why a ceiling of 64.** The gain only climbs past a value when the
 //!   window bound the volume there and the probe above it paid, so the

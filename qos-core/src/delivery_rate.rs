@@ -22,14 +22,20 @@
 //!   round that reads as a burst of bandwidth the path never had, and
 //!   the maximum below keeps the highest such reading for ten rounds. In
 //!   the TCG guest, whose completions come in bunches, the estimate read
-//!   444-960 MiB/s for 128 KiB reads that delivered 121-140
+//!   117-960 MiB/s for 128 KiB reads that delivered 108-140
 //!   (docs/benchmarks.md, 2026-11-30, seventh), so the window swung with
 //!   which bunches were in the last ten rounds, and a writer's window
 //!   beside a reader it cannot see was several bandwidth-delay products
 //!   wider than its gain says. Requests sent over a longer span than
 //!   they completed in were fed no faster than that: their completions
 //!   bunched on the way back. A path that really speeds up shows it in
-//!   both spans.
+//!   both spans. Tried once before and not kept (docs/benchmarks.md, "A
+//!   probe compared at a held window", 2026-11-29): at a gain ceiling of
+//!   16 the truer estimate gave the guest's lone 128k reads smaller
+//!   windows and a slower climb, since the inflated maxima had been
+//!   opening them; that section named a truer bandwidth with a higher
+//!   ceiling as the next candidate. Kept now with the ceiling at 64 and a
+//!   young gate that survives one unpaid probe (`gain_probe`).
 //! - **Window-bound or not.** A round is *bound* if the gate's window was
 //!   reached at some point during it ([`DeliveryRate::mark_bound`]); then
 //!   its rate is what the path delivered at the window. A round that was

@@ -80,19 +80,19 @@
 //!   checked every phase's length of rounds against the rate of the last
 //!   measured cruise; a factor of [`REGIME`] either way restarts the cycle
 //!   with no back-off (the gain is kept: it is the starting point), and
-//!   makes the gate young again (below): the unpaid probe that ended its
+//!   makes the gate young again (below): the unpaid probes that ended its
 //!   double steps measured the old path. Why: in an acceptance run both
 //!   volumes' first 128k reads came after a 4 KiB job whose flat path
 //!   had ended the double steps; they then climbed in single steps, each
 //!   needing two paid comparisons, and 55-60 % of fio's requests sat in
 //!   the gate on average over those runs (docs/benchmarks.md, "What a
 //!   volume's offset belongs to"). A tenant whose rate moves by 1.5x
-//!   pays one double probe for it, as a new gate does. One that resumes
+//!   pays a double probe or two for it, as a new gate does. One that resumes
 //!   after idling does not: the gate runs this probe on a clock that
 //!   stops while nothing is in flight (`CreditGate::busy_clock`), so a
 //!   quiet gap is neither a slow phase nor a new regime.
 //! - **A young gate climbs in double steps.** Until two of its up probes
-//!   in a row are not kept (or the gain reaches `max`), an up probe and
+//!   have come out unpaid (or the gain reaches `max`), an up probe and
 //!   the gain it keeps are `× STEP²` ([`STARTUP_STEP`]): the gain walks
 //!   the same grid (2, 4.5, 10.1, 22.8, 51.3, 64 with the default
 //!   ceiling, from a window above its floor) in half the steps, and a
@@ -110,7 +110,8 @@
 //!   probe at 128k reads come out unpaid on noise; it then climbed in
 //!   single steps to gain 4.5-10 with the gate holding 22-67 % of its
 //!   reads, while the other stayed young, reached 10-22.8 and was held
-//!   2-20 %. A flat path gives a second unpaid probe in a row. The cost
+//!   2-20 %. A flat path soon gives a second unpaid probe (one that paid
+//!   once between the two does not reset the count). The cost
 //!   is the unseen tenant's: on the `sim` model its reader's p99 rose by
 //!   up to 28 % with the old bandwidth estimate, and is about where it
 //!   was with the estimate over the send span too
@@ -285,13 +286,15 @@ pub struct GainProbe {
     regime: Option<f64>,
     /// Start of the current regime check in a backed-off cruise.
     check: Option<(Nanos, u64)>,
-    /// Young: no probe has failed yet and the gain is below `max`; up
-    /// probes step by [`STARTUP_STEP`].
+    /// Young: fewer than two up probes have come out unpaid (see
+    /// `failed_once`) and the gain is below `max`; up probes step by
+    /// [`STARTUP_STEP`].
     startup: bool,
     /// An up probe from the current gain paid once; the next one decides
     /// (see the module doc: two paid comparisons in a row keep it).
     paid_once: bool,
-    /// A young gate's up probe failed once; the next one decides.
+    /// A young gate's up probe came out unpaid once; the next unpaid one
+    /// ends its youth.
     failed_once: bool,
     /// A down probe from the current gain lost less than
     /// [`DOWN_LOSS`] once; the next one decides.

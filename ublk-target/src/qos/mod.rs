@@ -344,8 +344,8 @@ pub struct QosSnapshot {
     /// window in all their measured rounds.
     #[serde(default)]
     pub estimate_probes_undecided: u64,
-    /// The probe is still young: no up probe has failed yet, and up
-    /// probes step 2.25x instead of 1.5x.
+    /// The probe is still young: fewer than two up probes have come out
+    /// unpaid, and up probes step 2.25x instead of 1.5x.
     #[serde(default)]
     pub estimate_young: bool,
     /// Other volumes of the same namespace on this host that the gate
