@@ -628,6 +628,33 @@ mod tests {
         assert_eq!(g.window(), (16, WindowSource::Estimate));
     }
 
+    /// The gate's bandwidth is measured over its requests' send times too
+    /// (`DeliveryRate`): requests sent one every 125 µs whose completions
+    /// come back four at a time, 1 µs apart, read as the rate they were
+    /// sent at, not as the bursts they arrive in (two in flight, so a
+    /// round is two completions: over their own span alone the two of a
+    /// bunch would read hundreds of times the rate).
+    #[test]
+    fn bunched_completions_do_not_inflate_the_estimated_bandwidth() {
+        let mut g = gate(CreditMode::Estimate);
+        for _ in 0..2 {
+            assert!(g.try_acquire());
+        }
+        let rate = 8_000.0 * 4096.0;
+        for i in 0..400u64 {
+            let sent = i * 125_000;
+            // Each four back together, 2 ms after the last of them left.
+            let now = (i / 4 * 4 + 3) * 125_000 + 2_000_000 + (i % 4) * 1_000;
+            g.on_completion(Nanos(now), IoKind::Read, 4096, now - sent, Some(0));
+            assert!(g.try_acquire());
+        }
+        let bw = g.bandwidth_bps().unwrap();
+        assert!(
+            bw <= rate * 1.001 && bw >= rate * 0.9,
+            "{bw} against {rate}"
+        );
+    }
+
     #[test]
     fn off_never_limits() {
         let mut g = gate(CreditMode::Off);

@@ -287,6 +287,32 @@ mod tests {
         assert!(max > rate * 0.97, "{max} against {rate}");
     }
 
+    /// A round that starts with a batch of completions at one instant
+    /// (one pass over the completion queue) counts its send span from the
+    /// latest send of that batch, as its completion span starts at the
+    /// batch's instant: batches of four sent 10 µs apart, each completing
+    /// at one instant 40 µs after the last, read as exactly that rate.
+    #[test]
+    fn a_batch_at_the_start_of_a_round_starts_its_send_span_too() {
+        let mut d = DeliveryRate::new();
+        let mut samples = Vec::new();
+        for i in 0..200u64 {
+            let (batch, k) = (i / 4, i % 4);
+            d.mark_bound();
+            samples.extend(d.on_completion(
+                Nanos(1_000 * US + batch * 40 * US),
+                4096,
+                7 - k as u32,
+                Nanos(i * 10 * US),
+            ));
+        }
+        assert!(samples.len() > 10);
+        let rate = 4096.0 / 10e-6;
+        for (r, _) in &samples {
+            assert!((r - rate).abs() < rate * 1e-9, "{r} against {rate}");
+        }
+    }
+
     #[test]
     fn app_limited_rounds_only_raise_the_maximum() {
         let mut d = DeliveryRate::new();
