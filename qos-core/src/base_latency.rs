@@ -130,7 +130,7 @@ impl BaseLatency {
         latency_ns: u64,
         in_flight: u32,
     ) -> Option<u64> {
-        let sent_at = Nanos(now.as_nanos().saturating_sub(latency_ns));
+        let sent_at = now.saturating_sub_nanos(latency_ns);
         let clean = in_flight == 1 && self.last_completion.is_none_or(|t| t <= sent_at);
         self.last_completion = Some(now);
         if bytes == 0 {

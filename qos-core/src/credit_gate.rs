@@ -403,7 +403,7 @@ impl CreditGate {
             now,
             bytes,
             in_flight.saturating_sub(1),
-            Nanos(now.0.saturating_sub(latency_ns)),
+            now.saturating_sub_nanos(latency_ns),
         ) {
             // The probe decides from the gain the window follows, which
             // at the window's floor is above the settled one

@@ -58,6 +58,12 @@ impl Nanos {
     pub const fn saturating_add_nanos(self, nanos: u64) -> Nanos {
         Nanos(self.0.saturating_add(nanos))
     }
+
+    /// `self` minus `nanos`, saturating at the epoch (a completion's send
+    /// time from its latency).
+    pub const fn saturating_sub_nanos(self, nanos: u64) -> Nanos {
+        Nanos(self.0.saturating_sub(nanos))
+    }
 }
 
 impl Add<Duration> for Nanos {
