@@ -67,9 +67,10 @@ pub struct DeliveryRate {
     delivered_bytes: u64,
     /// Rounds completed.
     round: u64,
-    /// Start of the current round (time, bytes delivered then) and the
-    /// completion count that ends it; `None` before the first completion.
-    start: Option<(Nanos, u64)>,
+    /// Start of the current round (time, bytes delivered then, the latest
+    /// send time of the requests completed by then) and the completion
+    /// count that ends it; `None` before the first completion.
+    start: Option<(Nanos, u64, Nanos)>,
     round_end: u64,
     /// The instant the current round's count was reached: it closes at the
     /// first completion after that instant, so a batch of completions
@@ -77,10 +78,9 @@ pub struct DeliveryRate {
     ending: Option<Nanos>,
     /// Whether the window was reached during the current round.
     bound: bool,
-    /// The latest send time of the requests completed before the current
-    /// round, and of those completed in it so far.
-    sent_before: Option<Nanos>,
-    sent_latest: Option<Nanos>,
+    /// The latest send time of the requests completed so far (the round's
+    /// send span runs from the one in `start` to this).
+    sent_latest: Nanos,
     /// (round, bytes/s), rounds increasing and rates decreasing: the
     /// front is the maximum of the samples still in the window.
     samples: VecDeque<(u64, f64)>,
@@ -110,24 +110,20 @@ impl DeliveryRate {
         sent: Nanos,
     ) -> Option<(f64, bool)> {
         let mut sample = None;
-        if let (Some(end), Some((start, start_bytes))) = (self.ending, self.start) {
+        if let (Some(end), Some((start, start_bytes, start_sent))) = (self.ending, self.start) {
             if now > end {
                 // Every completion of the round's last instant is in; this
                 // one opens the next round, which starts at that instant.
-                let sent_span = match (self.sent_before, self.sent_latest) {
-                    (Some(a), Some(b)) => b.nanos_since(a),
-                    _ => 0,
-                };
+                let sent_span = self.sent_latest.nanos_since(start_sent);
                 let rate = (self.delivered_bytes - start_bytes) as f64 * NANOS_PER_SEC as f64
                     / end.nanos_since(start).max(sent_span) as f64;
-                self.sent_before = self.sent_latest;
                 let bound = self.bound;
                 self.round += 1;
                 if bound || self.max_bps().is_none_or(|max| rate >= max) {
                     self.insert(rate);
                 }
                 sample = Some((rate, bound));
-                self.start = Some((end, self.delivered_bytes));
+                self.start = Some((end, self.delivered_bytes, self.sent_latest));
                 self.round_end = self.delivered + u64::from(in_flight) + 1;
                 self.ending = None;
                 self.bound = false;
@@ -135,19 +131,16 @@ impl DeliveryRate {
         }
         self.delivered += 1;
         self.delivered_bytes += bytes;
-        let latest = self.sent_latest.map_or(sent, |t| t.max(sent));
-        self.sent_latest = Some(latest);
+        self.sent_latest = self.sent_latest.max(sent);
         match self.start {
             None => {
-                self.sent_before = Some(latest);
-                self.start = Some((now, self.delivered_bytes));
+                self.start = Some((now, self.delivered_bytes, self.sent_latest));
                 self.round_end = self.delivered + u64::from(in_flight.max(1));
             }
             // More completions of the start instant: they took no time of
             // this round, so they are not in it.
-            Some((start, _)) if now == start => {
-                self.sent_before = Some(latest);
-                self.start = Some((start, self.delivered_bytes));
+            Some((start, _, _)) if now == start => {
+                self.start = Some((start, self.delivered_bytes, self.sent_latest));
                 self.round_end += 1;
             }
             Some(_) => {
