@@ -706,7 +706,10 @@ profile() {
                     h, j, a[1], a[2], n[k] / secs, (iops > 0) ? n[k] / secs / iops : 0 } }' \
             /tmp/perf-stat.txt | sort | tee -a "$FIO_BENCH_OUT"
     else
-        log "profile $1 $2: perf stat failed (exit $_psrc): $(tail -n 2 /tmp/perf-stat.log | tr '\n' ' ')"
+        # The error is at the head of perf's output, before its usage
+        # text (the first host's counts failed this way in every profile
+        # run of 2026-12-01, the next host's not).
+        log "profile $1 $2: perf stat failed (exit $_psrc): $(grep -v '^ *-' /tmp/perf-stat.log | head -n 4 | tr '\n' ' ')"
     fi
     # Socket sends and receives per request (a receive is a ring round
     # trip: how many a large read's data takes is what direct receives
