@@ -1514,6 +1514,9 @@ mod tests {
         }
     }
 
+    /// The size of [`guest_reads`]' reads.
+    const GUEST_READ_BYTES: u64 = 131_072;
+
     /// The TCG guest's 128 KiB reads as a closed loop for the gate (fio
     /// keeps 32 in flight): with `n` in flight the path completes
     /// `min(1, 0.483 + 0.149 ln n)` × 470 reads/s (one alone: 227/s, a
@@ -1542,7 +1545,7 @@ mod tests {
                     break;
                 };
                 sent.pop_front();
-                g.on_completion(Nanos(now), IoKind::Read, 131_072, now - t, Some(0));
+                g.on_completion(Nanos(now), IoKind::Read, GUEST_READ_BYTES, now - t, Some(0));
                 done += u64::from(now >= from_secs * NANOS_PER_SEC);
             }
         }
@@ -1560,8 +1563,8 @@ mod tests {
                     let (off, _) = guest_reads(CreditMode::Off, seed, from, secs);
                     let (est, g) = guest_reads(CreditMode::Estimate, seed, from, secs);
                     // The bandwidth estimate over what the span delivered.
-                    let over =
-                        g.bandwidth_bps().unwrap() / (est as f64 * 131072.0 / (secs - from) as f64);
+                    let over = g.bandwidth_bps().unwrap()
+                        / (est as f64 * GUEST_READ_BYTES as f64 / (secs - from) as f64);
                     (est as f64 / off as f64, over, g.gain())
                 })
                 .collect();
