@@ -590,8 +590,10 @@ fi
 # /proc/*/task/*/schedstat (threads named by their process's comm).
 thread_times() {
     for _t in /proc/[0-9]*/task/[0-9]*; do
-        read -r _run _wait _sl <"$_t/schedstat" 2>/dev/null || continue
-        read -r _comm <"$_t/comm" 2>/dev/null || continue
+        # (A thread may exit between the glob and the reads: the
+        # redirection's error is the shell's, so it is silenced around.)
+        { read -r _run _wait _sl <"$_t/schedstat"; } 2>/dev/null || continue
+        { read -r _comm <"$_t/comm"; } 2>/dev/null || continue
         echo "${_t##*/} ${_comm// /_} $_run $_wait $_sl"
     done
     echo "uptime_ms - $(uptime_ms) 0 0"
@@ -614,9 +616,33 @@ profile() {
     _ev=raw_syscalls:sys_enter,sched:sched_switch
     perf stat -e syscalls:sys_enter_clock_gettime true >/dev/null 2>&1 &&
         _ev=$_ev,syscalls:sys_enter_clock_gettime
-    perf stat -a --per-thread -e "$_ev" -x, \
-        -o /tmp/perf-stat.txt -- sleep "$SECS" >/tmp/perf-stat.log 2>&1 &
-    _psp=$!
+    # `-a --per-thread` maps every thread in /proc before it counts, and
+    # the first host's map failed in every profile run of 2026-12-01
+    # ("failed to parse CPUs map: No such file or directory", exit 234)
+    # while the helpers below forked and exited; the next host's did not.
+    # So nothing else here forks until the counters are open, and a start
+    # that failed is retried. perf starts its workload only once its
+    # counters are open, so the workload's first act says so through a
+    # FIFO; the wait for it is a shell builtin (no process comes or goes
+    # meanwhile), and a perf that dies first says so through the same FIFO.
+    rm -f /tmp/perf-go && mkfifo /tmp/perf-go
+    exec 9<>/tmp/perf-go
+    _try=0
+    while :; do
+        ( perf stat -a --per-thread -e "$_ev" -x, -o /tmp/perf-stat.txt -- \
+              sh -c "echo go >/tmp/perf-go; exec sleep $SECS" >/tmp/perf-stat.log 2>&1
+          _rc=$?
+          echo "exit $_rc" >/tmp/perf-go
+          exit $_rc ) &
+        _psp=$!
+        _go=""
+        read -t 60 -r _go <&9
+        [ "$_go" = go ] && break
+        wait $_psp
+        _try=$((_try + 1))
+        log "profile $1 $2: perf stat did not start (try $_try, $_go): $(grep -v '^ *-' /tmp/perf-stat.log | head -n 2 | tr '\n' ' ')"
+        [ $_try -lt 3 ] || break
+    done
     tcp_counts >/tmp/tcp0.txt
     # TCP's view of the client's connections mid-window (console log):
     # receive buffer (skmem rb), what is queued unread (r), the receive
@@ -642,6 +668,7 @@ profile() {
     [ -n "$_sock0" ] && _sock1=$(socket_counts ublka)
     wait $_psp
     _psrc=$?
+    exec 9<&-
     wait $_ssp
     wait $_urp
     # Where the client's threads block (console log): the kernel stacks
