@@ -52,6 +52,7 @@
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -870,10 +871,13 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
 
     /// [`Queue::poll_transmit`] without copying large data: the data of an
     /// in-capsule write or an H2CData PDU of at least `min_in_place` bytes
-    /// is not appended to `buf` but handed to `in_place(at, data,
-    /// user_data)`, where `at` is the index in `buf` it belongs at (the
-    /// PDU's header is `buf[..at]`'s end; its data digest, if any, starts
-    /// `buf[at..]`) and `user_data` names the request whose buffer it is.
+    /// is not appended to `buf` but handed to `in_place(head, data,
+    /// user_data)`, where `head` is where the PDU's header (with its
+    /// digest and padding, up to its PDO) is in `buf`, so `head.end` is
+    /// the index in `buf` the data belongs at (its data digest, if any,
+    /// starts `buf[head.end..]`), and `user_data` names the request whose
+    /// buffer it is. (A driver that sends the header by reference, from
+    /// memory of its own that stays put, needs to know which bytes it is.)
     /// Sending `buf` with each piece of data spliced in at its `at`, in
     /// order, sends the same bytes as `poll_transmit` would have appended.
     /// `limit` counts the data left in place too; the return value is the
@@ -891,7 +895,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         buf: &mut Vec<u8>,
         limit: usize,
         min_in_place: usize,
-        in_place: impl FnMut(usize, &[u8], u64),
+        in_place: impl FnMut(Range<usize>, &[u8], u64),
     ) -> usize {
         self.transmit(buf, limit, |_| min_in_place, in_place)
     }
@@ -908,7 +912,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         buf: &mut Vec<u8>,
         limit: usize,
         min_in_place: impl Fn(u64) -> usize,
-        in_place: impl FnMut(usize, &[u8], u64),
+        in_place: impl FnMut(Range<usize>, &[u8], u64),
     ) -> usize {
         self.transmit(buf, limit, min_in_place, in_place)
     }
@@ -918,7 +922,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Queue<B> {
         buf: &mut Vec<u8>,
         limit: usize,
         min_in_place: impl Fn(u64) -> usize,
-        mut in_place: impl FnMut(usize, &[u8], u64),
+        mut in_place: impl FnMut(Range<usize>, &[u8], u64),
     ) -> usize {
         let start = buf.len();
         // Bytes handed to `in_place` (they count towards `limit`).
@@ -1919,12 +1923,13 @@ fn put_in_place<B>(
     encode: &EncodeConfig,
     r: &ReqState<B>,
     buf: &mut Vec<u8>,
-    in_place: &mut impl FnMut(usize, &[u8], u64),
+    in_place: &mut impl FnMut(Range<usize>, &[u8], u64),
 ) -> usize {
+    let head = buf.len();
     let Ok(digest) = pdu.encode_head(encode, buf) else {
         return 0;
     };
-    in_place(buf.len(), data, r.user_data);
+    in_place(head..buf.len(), data, r.user_data);
     if let Some(d) = digest {
         buf.extend_from_slice(&d);
     }

@@ -34,6 +34,8 @@ fn target(digests: bool) -> Arc<FakeTarget> {
 
 /// One piece of data left in place by the last call.
 struct InPlace {
+    /// Where its PDU's header starts in the send buffer.
+    head: usize,
     at: usize,
     data: Vec<u8>,
     user_data: u64,
@@ -50,9 +52,10 @@ fn vectored<B: AsRef<[u8]> + AsMut<[u8]>>(
 ) -> (usize, Vec<u8>, Vec<InPlace>) {
     let mut buf = Vec::new();
     let mut placed = Vec::new();
-    let put = |at, data: &[u8], user_data| {
+    let put = |head: std::ops::Range<usize>, data: &[u8], user_data| {
         placed.push(InPlace {
-            at,
+            head: head.start,
+            at: head.end,
             data: data.to_vec(),
             user_data,
         });
@@ -65,6 +68,15 @@ fn vectored<B: AsRef<[u8]> + AsMut<[u8]>>(
     let mut from = 0;
     for p in &placed {
         assert!(p.at >= from && p.at <= buf.len(), "places in order");
+        // The header it names is its PDU's: the common header's PDO (byte
+        // 3) is where the data starts, and HLEN (byte 2) fits before it.
+        assert!(p.head >= from && p.head < p.at, "its header is before it");
+        let h = &buf[p.head..p.at];
+        assert!(
+            h.len() >= 8 && usize::from(h[3]) == h.len(),
+            "PDO names the data"
+        );
+        assert!(usize::from(h[2]) <= h.len(), "HLEN within the header");
         wire.extend_from_slice(&buf[from..p.at]);
         wire.extend_from_slice(&p.data);
         from = p.at;

@@ -65,7 +65,8 @@ pub struct Stats {
     /// io_uring (before 6.7), where large reads take more receives.
     pub waited_receives: AtomicU64,
     /// Write data bytes sent by reference (spliced from our pages, not
-    /// copied by the socket: `engine::SendPlan`).
+    /// copied by the socket: `engine::SendPlan`), with the copies of their
+    /// PDU headers spliced in front of them (`engine::HeadCopies`).
     pub spliced: AtomicU64,
     /// Whether the device runs with ublk's zero copy (set by the queues).
     pub zero_copy: AtomicBool,
@@ -171,7 +172,8 @@ pub struct StatsSnapshot {
     /// Of those, waited in the kernel for their data (the low-water mark).
     #[serde(default)]
     pub waited_receives: u64,
-    /// Write data bytes of those sent by reference (spliced).
+    /// Bytes sent by reference (spliced): write data, and the copies of
+    /// its PDU headers that go with it.
     #[serde(default)]
     pub spliced_bytes: u64,
     /// ublk zero copy in use, and read bytes direct / copied under it.

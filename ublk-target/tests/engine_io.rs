@@ -13,8 +13,8 @@ use std::time::Instant;
 use nvmf_initiator::fake_target::{FakeConfig, FakeConnection, FakeTarget};
 use nvmf_initiator::{Command, Event, Queue, QueueConfig, Request};
 use ublk_target::io::engine::{
-    buffered_len, direct_place, gather, Placed, Seg, SendPlan, RX_BYTES, RX_SHORT_BYTES,
-    SPLICE_MIN_BYTES,
+    buffered_len, direct_place, gather, HeadCopies, Placed, Seg, SendPlan, RX_BYTES,
+    RX_SHORT_BYTES, SPLICE_MIN_BYTES,
 };
 use ublk_target::io::fanout::PartId;
 use ublk_target::io::requests::TagBuf;
@@ -77,6 +77,7 @@ struct Seen {
     direct: usize,
     short: usize,
     spliced: usize,
+    head_copies: usize,
 }
 
 /// With `zero_copy`, every third tag's write has its data only in its
@@ -206,6 +207,7 @@ fn run(
     }
     let mut sizes = Sizes(seed);
     let (mut sbuf, mut placed, mut plan) = (Vec::new(), Vec::<Placed>::new(), SendPlan::default());
+    let mut heads = HeadCopies::new(reqs.len() as u16);
     let mut rbuf = vec![0u8; RX_BYTES];
     let mut wire: Vec<u8> = Vec::new();
     let mut pos = 0;
@@ -221,6 +223,10 @@ fn run(
                 in_request(usize::from(tag)).then(|| bases[usize::from(tag)])
             });
             seen.in_place += placed.len();
+            // As `Engine::tx_gather`: the headers of spliced data copied
+            // (each tag has one request here, so no reset).
+            heads.copy(&sbuf, &mut placed, splice_min);
+            seen.head_copies += placed.iter().filter(|d| d.head_copy.is_some()).count();
             plan.build(&sbuf, &placed, splice_min);
             let mut sent = Vec::new();
             // The pipe: what vmsplice put in it, in order, up to a room
@@ -230,10 +236,17 @@ fn run(
                 let mut chain = plan.pending().len().min(sizes.next(8));
                 let room = sizes.next(300 * 1024);
                 chain = plan
-                    .fill_pipe(chain, |ptr, len| {
-                        let n = len.min(room.saturating_sub(pipe.len()));
-                        // SAFETY: a piece of a tag buffer, `len` bytes.
-                        pipe.extend(unsafe { std::slice::from_raw_parts(ptr as *const u8, n) });
+                    .fill_pipe(chain, |iov| {
+                        let mut n = 0;
+                        for v in iov {
+                            let t = v.iov_len.min(room.saturating_sub(pipe.len()));
+                            // SAFETY: a piece of a tag buffer or a header
+                            // copy, `iov_len` bytes.
+                            pipe.extend(unsafe {
+                                std::slice::from_raw_parts(v.iov_base as *const u8, t)
+                            });
+                            n += t;
+                        }
                         Ok(n)
                     })
                     .expect("the pipe takes something at the front");
@@ -360,6 +373,7 @@ fn writes_in_place_and_reads_direct_carry_every_byte() {
         );
         assert_eq!(seen.from_pages > 0, zero_copy, "{seen:?}");
         assert_eq!(seen.spliced > 0, splice_min != off, "{seen:?}");
+        assert_eq!(seen.head_copies > 0, splice_min != off, "{seen:?}");
         let data = t.data();
         let mut at = 0;
         for (tag, &(len, write)) in reqs.iter().enumerate() {

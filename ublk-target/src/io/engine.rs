@@ -211,6 +211,8 @@ pub struct Engine {
     /// Write data in our memory of at least this many bytes is spliced
     /// ([`SPLICE_MIN_BYTES`]; `usize::MAX`: never).
     splice_min: usize,
+    /// Copies of the headers in front of spliced data, spliced with it.
+    heads: HeadCopies,
 }
 
 /// ublk zero copy on one queue (see [`crate::io::ublk`]): the driver
@@ -380,6 +382,7 @@ impl Engine {
             tx_pins: vec![0; usize::from(depth)],
             zero_copy: None,
             splice_min: SPLICE_MIN_BYTES,
+            heads: HeadCopies::new(depth),
         }
     }
 
@@ -547,6 +550,9 @@ impl Engine {
 
     /// Queue request `s`; what may go now is sent.
     pub fn submit(&mut self, s: Submission) {
+        // The tag's last request completed: nothing reads its header
+        // copies any more.
+        self.heads.reset(s.tag);
         if let Some(z) = self.zero_copy.as_mut() {
             // A direct receive of the tag's previous request (pinned until
             // it completed) is done by now.
@@ -845,6 +851,7 @@ impl Engine {
                 zc.filter(|z| z.in_request[t]).map(|z| z.bases[t])
             };
             gather(&mut c.queue, buf, placed, &in_request);
+            self.heads.copy(buf, placed, self.splice_min);
         }
         for d in placed.iter() {
             self.tx_pins[usize::from(d.tag)] += 1;
@@ -1023,6 +1030,9 @@ pub fn uncovered(len: u32, covered: &mut [(u32, u32)]) -> Vec<(u32, u32)> {
 /// request's pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placed {
+    /// Where its PDU's header starts in the send buffer: the header (with
+    /// its digest and padding) is `buf[head..at]`.
+    pub head: usize,
     /// Where in the send buffer it goes (the bytes before are the PDU's
     /// header and everything gathered before it).
     pub at: usize,
@@ -1036,6 +1046,10 @@ pub struct Placed {
     /// Zero copy: the data is only in the request's pages (fixed buffer
     /// `tag`), at this offset of the request's data.
     pub in_request: Option<u32>,
+    /// Where a copy of its header (`buf[head..at]`) that stays put until
+    /// the tag's next request is ([`HeadCopies`]), when it has one: a
+    /// spliced send then takes the header by reference, with its data.
+    pub head_copy: Option<usize>,
 }
 
 /// The tag a request on the engine's queues belongs to: every one is a
@@ -1066,19 +1080,102 @@ pub fn gather(
             TX_IN_PLACE_BYTES
         }
     };
-    q.poll_transmit_placed(buf, TX_LIMIT, min, |at, data, user_data| {
+    q.poll_transmit_placed(buf, TX_LIMIT, min, |head, data, user_data| {
         let tag = tag_of(user_data);
         // A part's buffer is a window of the tag's, at the same offset as
         // in the request.
         let in_request = in_request(tag).map(|base| (data.as_ptr() as usize - base) as u32);
         placed.push(Placed {
-            at,
+            head: head.start,
+            at: head.end,
             ptr: data.as_ptr(),
             len: data.len(),
             tag,
             in_request,
+            head_copy: None,
         });
     })
+}
+
+/// Most bytes of a header copy ([`HeadCopies`]): an H2CData PDU's header
+/// is 24 bytes, 28 with a header digest. A header padded beyond this (a
+/// target's CPDA) goes from the send buffer, as without copies.
+pub const HEAD_COPY_BYTES: usize = 32;
+
+/// Header copies per tag between two of its requests: a 128 KiB write
+/// the target asks for in one R2T takes one (two when mirrored), a 1 MiB
+/// write at a MAXH2CDATA of 128 KiB eight. A header beyond them (a target
+/// that asks in small R2Ts, a resend after a reconnect) goes from the
+/// send buffer.
+pub const HEAD_COPIES_PER_TAG: usize = 8;
+
+/// Copies of the PDU headers in front of write data that is spliced, in
+/// memory that stays put until the tag's next request, so that a spliced
+/// send takes each header by reference together with its data: one
+/// `vmsplice` and one `splice(2)` for all the headers and data of a send,
+/// where a header from the send buffer took a `sendmsg` of its own
+/// between two splices (`SendPlan::build` merges what follows a copy into
+/// one `Seg::Splice`).
+///
+/// Why copies: a splice hands the socket references to the pages, which
+/// TCP reads when it transmits, possibly after the send completed; the
+/// send buffer is rewritten by the next gather. A tag's copies are
+/// rewritten only once the tag has a new request ([`HeadCopies::reset`]
+/// from `Engine::submit`), that is once its last one completed, which
+/// the target answered after reading its data and so its headers: the
+/// same guarantee that lets the data itself be spliced from the tag's
+/// buffer (see [`tx_task`]).
+#[derive(Debug)]
+pub struct HeadCopies {
+    /// `HEAD_COPIES_PER_TAG` slots of [`HEAD_COPY_BYTES`] per tag; boxed
+    /// once, so the addresses handed out never move.
+    mem: Box<[u8]>,
+    /// Per tag: slots used since its current request began.
+    used: Vec<u8>,
+}
+
+impl HeadCopies {
+    /// Room for `depth` tags.
+    pub fn new(depth: u16) -> Self {
+        let tags = usize::from(depth);
+        HeadCopies {
+            mem: vec![0; tags * HEAD_COPIES_PER_TAG * HEAD_COPY_BYTES].into_boxed_slice(),
+            used: vec![0; tags],
+        }
+    }
+
+    /// Tag `tag` begins a new request: its last one completed, so nothing
+    /// reads its copies any more.
+    pub fn reset(&mut self, tag: u16) {
+        if let Some(u) = self.used.get_mut(usize::from(tag)) {
+            *u = 0;
+        }
+    }
+
+    /// Give each piece of `placed` that will be spliced (in our memory, at
+    /// least `splice_min` bytes) a copy of its header from `buf`, while
+    /// its tag has a slot left and the header fits one.
+    pub fn copy(&mut self, buf: &[u8], placed: &mut [Placed], splice_min: usize) {
+        for d in placed.iter_mut() {
+            let t = usize::from(d.tag);
+            let head = d.head..d.at;
+            if d.in_request.is_some()
+                || d.len < splice_min
+                || head.is_empty()
+                || head.len() > HEAD_COPY_BYTES
+                || head.end > buf.len()
+                || t >= self.used.len()
+                || usize::from(self.used[t]) >= HEAD_COPIES_PER_TAG
+            {
+                continue;
+            }
+            let at = (t * HEAD_COPIES_PER_TAG + usize::from(self.used[t])) * HEAD_COPY_BYTES;
+            let slot = &mut self.mem[at..at + head.len()];
+            slot.copy_from_slice(&buf[head]);
+            d.head_copy = Some(slot.as_ptr() as usize);
+            self.used[t] += 1;
+        }
+    }
 }
 
 /// The iovecs that send `buf` with `placed` spliced in (in order), into
@@ -1089,7 +1186,8 @@ pub fn gather(
 pub fn iovecs(buf: &[u8], placed: &[Placed], iov: &mut Vec<libc::iovec>) {
     iov.clear();
     splice(buf, placed, false, |run| match run {
-        Run::Mem(v) | Run::Piece(v) => iov.push(v),
+        Run::Mem(v) => iov.push(v),
+        Run::Piece { v, head } => iov.extend(head.into_iter().chain([v])),
         Run::Fixed { .. } => {}
     });
 }
@@ -1098,8 +1196,15 @@ pub fn iovecs(buf: &[u8], placed: &[Placed], iov: &mut Vec<libc::iovec>) {
 enum Run {
     /// Bytes of the send buffer (headers and small data).
     Mem(libc::iovec),
-    /// A piece of write data in our memory (its tag's buffer).
-    Piece(libc::iovec),
+    /// A piece of write data in our memory (its tag's buffer), with the
+    /// copy of its header that stands in for the header's bytes in the
+    /// send buffer, if it has one ([`HeadCopies`]).
+    Piece {
+        /// The data.
+        v: libc::iovec,
+        /// The header copy, sent right before it.
+        head: Option<libc::iovec>,
+    },
     /// A piece that is only in its request's pages: `len` bytes at
     /// `offset` of tag `tag`'s request.
     Fixed { tag: u16, offset: u32, len: u32 },
@@ -1111,22 +1216,34 @@ enum Run {
 fn splice(buf: &[u8], placed: &[Placed], use_fixed: bool, mut run: impl FnMut(Run)) {
     let mut from = 0;
     for d in placed {
-        if d.at > from {
+        let fixed = d.in_request.filter(|_| use_fixed);
+        // A header copy stands in for the header's bytes of the buffer.
+        let head = d
+            .head_copy
+            .filter(|_| fixed.is_none() && d.head >= from && d.head < d.at);
+        let mem_end = if head.is_some() { d.head } else { d.at };
+        if mem_end > from {
             run(Run::Mem(libc::iovec {
                 iov_base: buf[from..].as_ptr() as *mut libc::c_void,
-                iov_len: d.at - from,
+                iov_len: mem_end - from,
             }));
         }
-        match d.in_request {
-            Some(offset) if use_fixed => run(Run::Fixed {
+        match fixed {
+            Some(offset) => run(Run::Fixed {
                 tag: d.tag,
                 offset,
                 len: d.len as u32,
             }),
-            _ => run(Run::Piece(libc::iovec {
-                iov_base: d.ptr as *mut libc::c_void,
-                iov_len: d.len,
-            })),
+            None => run(Run::Piece {
+                v: libc::iovec {
+                    iov_base: d.ptr as *mut libc::c_void,
+                    iov_len: d.len,
+                },
+                head: head.map(|h| libc::iovec {
+                    iov_base: h as *mut libc::c_void,
+                    iov_len: d.at - d.head,
+                }),
+            }),
         }
         from = d.at;
     }
@@ -1158,14 +1275,19 @@ pub enum Seg {
         /// Length.
         len: u32,
     },
-    /// `len` bytes of write data in our memory at `ptr` (a piece in its
-    /// tag's buffer), sent by reference: put in the send's pipe with
-    /// `vmsplice` and moved from there to the socket with a `Splice`, so
-    /// the socket holds our pages instead of copying them into pages it
-    /// allocates (and the kernel zeroes) for the purpose.
+    /// Write data in our memory (pieces in their tags' buffers), with
+    /// the copies of their headers in front of them ([`HeadCopies`]),
+    /// `SendPlan::iov[first..first + count]`, sent by reference: put in
+    /// the send's pipe with `vmsplice` and moved from there to the socket
+    /// with a `Splice`, so the socket holds our pages instead of copying
+    /// them into pages it allocates (and the kernel zeroes) for the
+    /// purpose. Pieces with nothing between them but a header that has a
+    /// copy are one segment: one `vmsplice` and one `Splice` for them all.
     Splice {
-        /// Start of what is still to send.
-        ptr: usize,
+        /// Its first iovec (what is still to send starts there).
+        first: usize,
+        /// How many.
+        count: usize,
         /// Bytes still to send.
         len: u32,
         /// How many of them are in the pipe already.
@@ -1193,12 +1315,26 @@ pub enum Seg {
 /// chain, and its `Splice` moves what is in the pipe.
 #[derive(Debug, Default)]
 pub struct SendPlan {
-    /// The iovecs of the `Msg` segments.
+    /// The iovecs of the `Msg` and `Splice` segments.
     pub iov: Vec<libc::iovec>,
     /// The segments, in wire order.
     pub segs: Vec<Seg>,
     /// The first segment not yet sent in full.
     pub next: usize,
+    /// The iovecs a `vmsplice` is asked for (`fill_pipe`).
+    scratch: Vec<libc::iovec>,
+}
+
+/// Append `v` to the `Msg` segment at the end of `segs`, or to a new one.
+fn push_msg(iov: &mut Vec<libc::iovec>, segs: &mut Vec<Seg>, v: libc::iovec) {
+    match segs.last_mut() {
+        Some(Seg::Msg { count, .. }) => *count += 1,
+        _ => segs.push(Seg::Msg {
+            first: iov.len(),
+            count: 1,
+        }),
+    }
+    iov.push(v);
 }
 
 impl SendPlan {
@@ -1210,23 +1346,34 @@ impl SendPlan {
         self.segs.clear();
         self.next = 0;
         let (iov, segs) = (&mut self.iov, &mut self.segs);
-        let mut msg = |v: libc::iovec, segs: &mut Vec<Seg>| {
-            match segs.last_mut() {
-                Some(Seg::Msg { count, .. }) => *count += 1,
-                _ => segs.push(Seg::Msg {
-                    first: iov.len(),
-                    count: 1,
-                }),
-            }
-            iov.push(v);
-        };
         splice(buf, placed, true, |run| match run {
-            Run::Piece(v) if v.iov_len >= splice_min => segs.push(Seg::Splice {
-                ptr: v.iov_base as usize,
-                len: v.iov_len as u32,
-                queued: 0,
-            }),
-            Run::Mem(v) | Run::Piece(v) => msg(v, segs),
+            Run::Piece { v, head } if v.iov_len >= splice_min => {
+                let more = head.into_iter().chain([v]);
+                let bytes = (head.map_or(0, |h| h.iov_len) + v.iov_len) as u32;
+                let k = 1 + usize::from(head.is_some());
+                match segs.last_mut() {
+                    // Nothing between the last splice and this one (its
+                    // header is a copy): one splice takes both. Its
+                    // iovecs are the last ones, so this one's follow.
+                    Some(Seg::Splice { count, len, .. }) => {
+                        *count += k;
+                        *len += bytes;
+                    }
+                    _ => segs.push(Seg::Splice {
+                        first: iov.len(),
+                        count: k,
+                        len: bytes,
+                        queued: 0,
+                    }),
+                }
+                iov.extend(more);
+            }
+            Run::Piece { v, head } => {
+                for v in head.into_iter().chain([v]) {
+                    push_msg(iov, segs, v);
+                }
+            }
+            Run::Mem(v) => push_msg(iov, segs, v),
             Run::Fixed { tag, offset, len } => segs.push(Seg::Fixed { tag, offset, len }),
         });
     }
@@ -1262,8 +1409,8 @@ impl SendPlan {
     }
 
     /// Before submitting the first `n` pending segments: put what their
-    /// `Splice`s still lack in the pipe, in order, with `vmsplice(ptr,
-    /// len)` (returns the bytes it took, 0 when the pipe is full, or an
+    /// `Splice`s still lack in the pipe, in order, with `vmsplice(iovecs)`
+    /// (returns the bytes it took, 0 when the pipe is full, or an
     /// error). Returns how many segments to submit: the chain ends at the
     /// first `Splice` not wholly in the pipe, and does not reach one with
     /// nothing in it. An error of `vmsplice` for the first segment is
@@ -1271,15 +1418,28 @@ impl SendPlan {
     pub fn fill_pipe(
         &mut self,
         n: usize,
-        mut vmsplice: impl FnMut(usize, usize) -> Result<usize, i32>,
+        mut vmsplice: impl FnMut(&[libc::iovec]) -> Result<usize, i32>,
     ) -> Result<usize, i32> {
         for i in 0..n {
-            let Seg::Splice { ptr, len, queued } = &mut self.segs[self.next + i] else {
+            let Seg::Splice {
+                first,
+                count,
+                len,
+                queued,
+            } = &mut self.segs[self.next + i]
+            else {
                 continue;
             };
             if *queued < *len {
                 let want = (*len - *queued) as usize;
-                match vmsplice(*ptr + *queued as usize, want) {
+                // The iovecs of what the pipe lacks: the segment's, less
+                // what it holds already.
+                self.scratch.clear();
+                self.scratch
+                    .extend_from_slice(&self.iov[*first..*first + *count]);
+                let mut skip = 0;
+                advance_iovecs(&mut self.scratch, &mut skip, *queued as usize);
+                match vmsplice(&self.scratch[skip..]) {
                     Ok(took) => *queued += took.min(want) as u32,
                     Err(e) if i == 0 && *queued == 0 => return Err(e),
                     Err(_) => {}
@@ -1340,8 +1500,16 @@ impl SendPlan {
                 *offset += n as u32;
                 *len -= n as u32;
             }
-            Seg::Splice { ptr, len, queued } => {
-                *ptr += n;
+            Seg::Splice {
+                first,
+                count,
+                len,
+                queued,
+            } => {
+                let mut done = 0;
+                advance_iovecs(&mut self.iov[*first..*first + *count], &mut done, n);
+                *first += done;
+                *count -= done;
                 *len -= n as u32;
                 *queued -= n as u32;
             }
@@ -1404,21 +1572,23 @@ impl SplicePipe {
         self.read.as_raw_fd()
     }
 
-    /// Put (references to) the pages of `len` bytes at `ptr` in the pipe,
-    /// without waiting: the bytes it took (0 when it is full), or a
-    /// negative errno.
-    pub fn vmsplice(&self, ptr: usize, len: usize) -> Result<usize, i32> {
-        let iov = libc::iovec {
-            iov_base: ptr as *mut libc::c_void,
-            iov_len: len,
-        };
+    /// Put (references to) the pages of the bytes `iov` names in the pipe,
+    /// in order, without waiting: the bytes it took (0 when it is full),
+    /// or a negative errno.
+    pub fn vmsplice(&self, iov: &[libc::iovec]) -> Result<usize, i32> {
         loop {
-            // SAFETY: the caller's bytes are a pinned tag's buffer
-            // (`Engine::tx_gather`); vmsplice only takes references to
-            // their pages, and the socket reads them after the send for
-            // as long as `tx_task` explains.
-            let r =
-                unsafe { libc::vmsplice(self.write.as_raw_fd(), &iov, 1, libc::SPLICE_F_NONBLOCK) };
+            // SAFETY: the caller's bytes are pinned tags' buffers and their
+            // header copies (`Engine::tx_gather`); vmsplice only takes
+            // references to their pages, and the socket reads them after
+            // the send for as long as `tx_task` explains.
+            let r = unsafe {
+                libc::vmsplice(
+                    self.write.as_raw_fd(),
+                    iov.as_ptr(),
+                    iov.len(),
+                    libc::SPLICE_F_NONBLOCK,
+                )
+            };
             if r >= 0 {
                 return Ok(r as usize);
             }
@@ -1885,6 +2055,7 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
         iov: Vec::with_capacity(MAX_TX_IOVECS),
         segs: Vec::with_capacity(MAX_TX_IOVECS),
         next: 0,
+        scratch: Vec::with_capacity(MAX_TX_IOVECS),
     }));
     let msgs: &'static mut Vec<libc::msghdr> = Box::leak(Box::new(Vec::with_capacity(MAX_CHAIN)));
     let mut sqes = Vec::with_capacity(MAX_CHAIN);
@@ -1935,7 +2106,7 @@ pub async fn tx_task(engine: Rc<RefCell<Engine>>, path: usize, chain: ChainOp) {
                 .any(|s| matches!(s, Seg::Splice { .. }))
             {
                 let filled = match ensure_pipe(&mut pipe) {
-                    Some(p) => plan.fill_pipe(n, |ptr, len| p.vmsplice(ptr, len)),
+                    Some(p) => plan.fill_pipe(n, |iov| p.vmsplice(iov)),
                     None => Err(-libc::EMFILE),
                 };
                 match filled {
@@ -2108,7 +2279,7 @@ async fn send_inline(
                 })
             }
             Seg::Splice { .. } => {
-                plan.fill_pipe(1, |ptr, len| pipe.vmsplice(ptr, len))?;
+                plan.fill_pipe(1, |iov| pipe.vmsplice(iov))?;
                 let Seg::Splice { queued, len, .. } = plan.pending()[0] else {
                     unreachable!("the front segment is this splice");
                 };
@@ -2195,12 +2366,19 @@ mod tests {
     /// A piece of `data` placed at `at` of the send buffer, for tag `tag`.
     fn piece(at: usize, data: &[u8], tag: u16, in_request: Option<u32>) -> Placed {
         Placed {
+            head: at,
             at,
             ptr: data.as_ptr(),
             len: data.len(),
             tag,
             in_request,
+            head_copy: None,
         }
+    }
+
+    /// The bytes `iov` names, counted.
+    fn total(iov: &[libc::iovec]) -> usize {
+        iov.iter().map(|v| v.iov_len).sum()
     }
 
     #[test]
@@ -2361,7 +2539,7 @@ mod tests {
         let placed = [
             piece(10, &d1, 0, None),
             piece(20, &d2, 1, None),
-            piece(20, &d3, 2, None),
+            piece(30, &d3, 2, None),
         ];
         let mut plan = SendPlan::default();
         plan.build(&buf, &placed, 20);
@@ -2372,16 +2550,19 @@ mod tests {
             vec![
                 Seg::Msg { first: 0, count: 3 },
                 Seg::Splice {
-                    ptr: p2,
+                    first: 3,
+                    count: 1,
                     len: 30,
                     queued: 0
                 },
+                Seg::Msg { first: 4, count: 1 },
                 Seg::Splice {
-                    ptr: p3,
+                    first: 5,
+                    count: 1,
                     len: 25,
                     queued: 0
                 },
-                Seg::Msg { first: 3, count: 1 },
+                Seg::Msg { first: 6, count: 1 },
             ]
         );
         // A pipe with room for 40 bytes: d2 whole, 10 of d3; the chain
@@ -2389,49 +2570,200 @@ mod tests {
         let mut room = 40;
         let mut took = Vec::new();
         let n = plan
-            .fill_pipe(4, |ptr, len| {
-                let n = len.min(room);
+            .fill_pipe(5, |iov| {
+                assert_eq!(iov.len(), 1);
+                let n = total(iov).min(room);
                 room -= n;
-                took.push((ptr, n));
+                took.push((iov[0].iov_base as usize, n));
                 Ok(n)
             })
             .unwrap();
-        assert_eq!(n, 3);
+        assert_eq!(n, 4);
         assert_eq!(took, vec![(p2, 30), (p3, 10)]);
-        assert_eq!(plan.sqe_len(&plan.pending()[2]), 10);
+        assert_eq!(plan.sqe_len(&plan.pending()[3]), 10);
         // All of it went: d3's splice moved its 10, 15 are still to go.
-        plan.complete(&[30, 30, 10]).unwrap();
+        plan.complete(&[30, 30, 10, 10]).unwrap();
         assert_eq!(
             plan.pending()[0],
             Seg::Splice {
-                ptr: p3 + 10,
+                first: 5,
+                count: 1,
                 len: 15,
                 queued: 0
             }
         );
+        assert_eq!(plan.iov[5].iov_base as usize, p3 + 10);
         // The pipe is full (nothing pending in it would be a bug): the
         // front splice gets nothing, which fails the send.
-        assert_eq!(plan.fill_pipe(2, |_, _| Ok(0)), Err(-libc::ENOBUFS));
+        assert_eq!(plan.fill_pipe(2, |_| Ok(0)), Err(-libc::ENOBUFS));
         assert_eq!(
-            plan.fill_pipe(2, |_, _| Err(-libc::EFAULT)),
+            plan.fill_pipe(2, |_| Err(-libc::EFAULT)),
             Err(-libc::EFAULT)
         );
         // A short splice leaves the rest in the pipe; the next fill adds
         // nothing to it.
-        assert_eq!(plan.fill_pipe(2, |_, len| Ok(len)), Ok(2));
+        assert_eq!(plan.fill_pipe(2, |iov| Ok(total(iov))), Ok(2));
         plan.complete(&[5, -libc::ECANCELED]).unwrap();
         let mut asked = 0;
         assert_eq!(
-            plan.fill_pipe(2, |_, len| {
-                asked += len;
-                Ok(len)
+            plan.fill_pipe(2, |iov| {
+                asked += total(iov);
+                Ok(total(iov))
             }),
             Ok(2)
         );
         assert_eq!(asked, 0, "its bytes are in the pipe already");
         assert_eq!(plan.sqe_len(&plan.pending()[0]), 10);
-        plan.complete(&[10, 40]).unwrap();
+        plan.complete(&[10, 30]).unwrap();
         assert!(plan.is_done());
+    }
+
+    /// A send buffer of a capsule and two H2CData-like PDUs (header, then
+    /// data left in place) and a trailer: `(buf, placed)` for `d1`, `d2`.
+    fn two_pdus(d1: &[u8], d2: &[u8]) -> (Vec<u8>, Vec<Placed>) {
+        let buf: Vec<u8> = (0..80).collect();
+        let mut a = piece(46, d1, 3, None);
+        a.head = 30;
+        let mut b = piece(70, d2, 4, None);
+        b.head = 46;
+        (buf, vec![a, b])
+    }
+
+    /// The bytes of a plan's segments, in order (splices from their
+    /// iovecs), and how many `vmsplice` + `Splice` pairs it takes.
+    fn plan_bytes(plan: &SendPlan) -> (Vec<u8>, usize) {
+        let mut out = Vec::new();
+        let mut splices = 0;
+        for seg in &plan.segs {
+            let (first, count) = match *seg {
+                Seg::Msg { first, count } => (first, count),
+                Seg::Splice { first, count, .. } => {
+                    splices += 1;
+                    (first, count)
+                }
+                Seg::Fixed { .. } => unreachable!("no zero copy here"),
+            };
+            out.extend(bytes(&plan.iov[first..first + count]));
+        }
+        (out, splices)
+    }
+
+    /// With header copies, a send's headers and data go in one splice;
+    /// the bytes are the wire's, and the copies are of the headers.
+    #[test]
+    fn header_copies_join_their_data_in_one_splice() {
+        let d1 = vec![201u8; 40];
+        let d2 = vec![202u8; 50];
+        let (mut buf, mut placed) = two_pdus(&d1, &d2);
+        let mut want = Vec::new();
+        let mut iov = Vec::new();
+        iovecs(&buf, &placed, &mut iov);
+        want.extend(bytes(&iov));
+        let mut plan = SendPlan::default();
+        plan.build(&buf, &placed, 20);
+        let (wire, splices) = plan_bytes(&plan);
+        assert_eq!(wire, want);
+        assert_eq!(splices, 2, "without copies: a sendmsg between two splices");
+        assert_eq!(plan.segs.len(), 5);
+
+        let mut heads = HeadCopies::new(8);
+        heads.copy(&buf, &mut placed, 20);
+        assert!(placed.iter().all(|d| d.head_copy.is_some()));
+        plan.build(&buf, &placed, 20);
+        assert_eq!(
+            plan.segs,
+            vec![
+                Seg::Msg { first: 0, count: 1 },
+                Seg::Splice {
+                    first: 1,
+                    count: 4,
+                    len: 16 + 40 + 24 + 50,
+                    queued: 0
+                },
+                Seg::Msg { first: 5, count: 1 },
+            ]
+        );
+        let (wire, splices) = plan_bytes(&plan);
+        assert_eq!(wire, want);
+        assert_eq!(splices, 1);
+        // The splice takes the headers from the copies, not the buffer.
+        buf.iter_mut().for_each(|b| *b = 0xee);
+        let Seg::Splice { first, count, .. } = plan.segs[1] else {
+            unreachable!()
+        };
+        let spliced = bytes(&plan.iov[first..first + count]);
+        assert_eq!(&spliced[..16], &want[30..46]);
+        assert_eq!(&spliced[56..80], &want[86..110]);
+
+        // A plan in pieces (over a buffer as it was): the pipe takes 7 bytes at a time, the splice
+        // moves what is in it, the bytes arrive in order.
+        let (buf, _) = two_pdus(&d1, &d2);
+        plan.build(&buf, &placed, 20);
+        let mut sent: Vec<u8> = Vec::new();
+        let mut pipe = std::collections::VecDeque::<u8>::new();
+        let mut rounds = 0;
+        while !plan.is_done() {
+            rounds += 1;
+            assert!(rounds < 100);
+            let n = plan
+                .fill_pipe(1, |iov| {
+                    let b = bytes(iov);
+                    let n = b.len().min(7);
+                    pipe.extend(&b[..n]);
+                    Ok(n)
+                })
+                .unwrap();
+            assert_eq!(n, 1);
+            let seg = plan.pending()[0];
+            let take = plan.sqe_len(&seg).min(5);
+            match seg {
+                Seg::Msg { first, count } => {
+                    sent.extend(&bytes(&plan.iov[first..first + count])[..take])
+                }
+                Seg::Splice { .. } => sent.extend(pipe.drain(..take)),
+                Seg::Fixed { .. } => unreachable!(),
+            }
+            plan.complete(&[take as i32]).unwrap();
+        }
+        assert_eq!(sent, want);
+    }
+
+    /// A tag's copies last until its next request; beyond the slots, and
+    /// for headers too long, data too small or only in the request's
+    /// pages, a header stays in the send buffer.
+    #[test]
+    fn header_copies_are_bounded_per_tag_and_reset_by_its_next_request() {
+        let d = [1u8; 64];
+        let buf: Vec<u8> = (0..=255).collect();
+        let mut heads = HeadCopies::new(4);
+        let copied = |heads: &mut HeadCopies, head: usize, at: usize, len, tag, ir| {
+            let mut p = [piece(at, &d[..len], tag, ir)];
+            p[0].head = head;
+            heads.copy(&buf, &mut p, 32);
+            p[0].head_copy.inspect(|&c| {
+                // SAFETY: a slot of `heads`, `at - head` bytes.
+                let b = unsafe { std::slice::from_raw_parts(c as *const u8, at - head) };
+                assert_eq!(b, &buf[head..at]);
+            })
+        };
+        let mut seen = std::collections::HashSet::new();
+        for k in 0..HEAD_COPIES_PER_TAG {
+            let c = copied(&mut heads, k, k + 24, 64, 1, None).expect("a slot");
+            assert!(seen.insert(c), "each copy has a slot of its own");
+        }
+        assert_eq!(copied(&mut heads, 0, 24, 64, 1, None), None, "tag 1 is out");
+        assert!(
+            copied(&mut heads, 0, 24, 64, 2, None).is_some(),
+            "tag 2 is not"
+        );
+        heads.reset(1);
+        assert!(copied(&mut heads, 0, 24, 64, 1, None).is_some());
+        assert_eq!(copied(&mut heads, 0, 33, 64, 3, None), None, "too long");
+        assert!(copied(&mut heads, 0, 32, 64, 3, None).is_some());
+        assert_eq!(copied(&mut heads, 0, 24, 31, 3, None), None, "not spliced");
+        assert_eq!(copied(&mut heads, 0, 24, 64, 3, Some(0)), None, "pages");
+        assert_eq!(copied(&mut heads, 24, 24, 64, 3, None), None, "no header");
+        assert_eq!(copied(&mut heads, 0, 24, 64, 9, None), None, "no such tag");
     }
 
     /// The kernel's side of a splice: the bytes vmsplice'd into the pipe
@@ -2444,7 +2776,10 @@ mod tests {
         let mut sent = 0;
         while sent < data.len() {
             let n = pipe
-                .vmsplice(data[sent..].as_ptr() as usize, data.len() - sent)
+                .vmsplice(&[libc::iovec {
+                    iov_base: data[sent..].as_ptr() as *mut libc::c_void,
+                    iov_len: data.len() - sent,
+                }])
                 .unwrap();
             assert!(n > 0);
             let mut moved = 0;
@@ -2534,22 +2869,33 @@ mod tests {
                     .collect()
             })
             .collect();
-        let placed: Vec<Placed> = pieces
+        let mut placed: Vec<Placed> = pieces
             .iter()
             .enumerate()
-            .map(|(k, d)| piece(400 * (k + 1), d, k as u16, None))
+            .map(|(k, d)| {
+                // A header of 24 bytes before each, spliced from its copy
+                // with its data: the first three back to back (one splice
+                // segment), the others apart (a `sendmsg` between).
+                let at = if k < 3 { 400 + 24 * k } else { 400 * (k + 1) };
+                let mut p = piece(at, d, k as u16, None);
+                p.head = at - 24;
+                p
+            })
             .collect();
         let mut want = Vec::new();
         splice(&buf, &placed, false, |run| {
             let v = match run {
-                Run::Mem(v) | Run::Piece(v) => v,
-                Run::Fixed { .. } => unreachable!("no piece is in a request"),
+                Run::Mem(v) | Run::Piece { v, head: None } => v,
+                _ => unreachable!("no piece is in a request or has a copy"),
             };
             // SAFETY: the iovecs point into `buf` and `pieces`.
             want.extend_from_slice(unsafe {
                 std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
             });
         });
+        // Kept until the send is done: the copies live in it.
+        let mut heads = HeadCopies::new(8);
+        heads.copy(&buf, &mut placed, SPLICE_MIN_BYTES);
         let mut plan = SendPlan::default();
         plan.build(&buf, &placed, SPLICE_MIN_BYTES);
         assert!(plan.segs.iter().any(|s| matches!(s, Seg::Splice { .. })));
@@ -2581,9 +2927,64 @@ mod tests {
         assert!(got == want, "the bytes arrived out of order");
         let pieces_len: usize = pieces.iter().map(Vec::len).sum();
         assert_eq!(
-            spliced as usize, pieces_len,
-            "every piece went by reference"
+            spliced as usize,
+            pieces_len + 24 * pieces.len(),
+            "every piece and its header went by reference"
         );
+    }
+
+    /// What the pipe holds of a send's headers comes from their copies:
+    /// the send buffer is overwritten (as the next gather does) after the
+    /// `vmsplice` and before the bytes leave the pipe, and they are still
+    /// the wire's.
+    #[test]
+    fn spliced_headers_come_from_copies_that_outlive_the_send_buffer() {
+        let mut buf: Vec<u8> = (0..3000u32).map(|i| (i % 239) as u8).collect();
+        let pieces: Vec<Vec<u8>> = (0..6u32)
+            .map(|k| (0..(40_000 + 7 * k)).map(|i| (i ^ k) as u8).collect())
+            .collect();
+        let mut placed: Vec<Placed> = pieces
+            .iter()
+            .enumerate()
+            .map(|(k, d)| {
+                // Back to back: between two pieces only the next one's
+                // header, as a gather of H2CData PDUs lays them out.
+                let mut p = piece(400 + 24 * k, d, k as u16, None);
+                p.head = p.at - 24;
+                p
+            })
+            .collect();
+        let mut iov = Vec::new();
+        iovecs(&buf, &placed, &mut iov);
+        let want = bytes(&iov);
+        let mut heads = HeadCopies::new(8);
+        heads.copy(&buf, &mut placed, SPLICE_MIN_BYTES);
+        let mut plan = SendPlan::default();
+        plan.build(&buf, &placed, SPLICE_MIN_BYTES);
+        // The send buffer's bytes before the first header, one splice of
+        // all the headers and pieces, then the rest of the buffer.
+        assert_eq!(plan.segs.len(), 3, "{:?}", plan.segs);
+        let pipe = SplicePipe::new().unwrap();
+        assert_eq!(plan.fill_pipe(3, |iov| pipe.vmsplice(iov)), Ok(3));
+        let len = plan.sqe_len(&plan.segs[1]);
+        assert_eq!(len, 24 * 6 + pieces.iter().map(Vec::len).sum::<usize>());
+        buf.iter_mut().for_each(|b| *b = 0xee);
+        drop(buf);
+        let mut got = vec![0u8; len];
+        let mut at = 0;
+        while at < len {
+            // SAFETY: reads into `got`'s unfilled tail.
+            let r = unsafe {
+                libc::read(
+                    pipe.read_fd(),
+                    got[at..].as_mut_ptr() as *mut libc::c_void,
+                    len - at,
+                )
+            };
+            assert!(r > 0, "{}", std::io::Error::last_os_error());
+            at += r as usize;
+        }
+        assert!(got == want[400 - 24..][..len], "the pipe holds other bytes");
     }
 
     /// An inline send to a socket whose peer is gone fails with the
