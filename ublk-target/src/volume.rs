@@ -85,6 +85,14 @@ pub struct Stats {
     /// counter: 0 here means the default,
     /// [`crate::io::engine::LOWAT_MIN_BYTES`].
     pub read_wait_min: AtomicU32,
+    /// A spliced piece of write data of at least this many bytes is sent
+    /// with its PDU header in the same splice, from a per-tag copy
+    /// (`engine::HeadCopies`); smaller ones, or all with `max`, have
+    /// their header sent from the send buffer, a `sendmsg` between two
+    /// splices. A run-time setting (`set NAME head_copy_min=SIZE`, `max`
+    /// for never, `default`), not a counter: 0 here means the default,
+    /// [`crate::io::engine::HEAD_COPY_MIN_BYTES`].
+    pub head_copy_min: AtomicU32,
     /// Zero copy: read bytes received straight into the request's pages.
     pub zc_read_direct: AtomicU64,
     /// Zero copy: read bytes copied into the request from our memory
@@ -111,6 +119,14 @@ impl Stats {
         match self.write_pages_min.load(Ordering::Relaxed) {
             0 => crate::io::ublk::WRITE_FIXED_MIN_BYTES,
             n => n,
+        }
+    }
+
+    /// [`Stats::head_copy_min`] in force: the default until set.
+    pub fn head_copy_min(&self) -> usize {
+        match self.head_copy_min.load(Ordering::Relaxed) {
+            0 => crate::io::engine::HEAD_COPY_MIN_BYTES,
+            n => n as usize,
         }
     }
 

@@ -382,12 +382,20 @@ fn control_set(vol: &Volume, words: &[&str]) -> String {
     }
     for (key, n) in io_set {
         // The value in force (`default` stores 0).
-        let set = if key == "write_pages_min" {
-            vol.stats.write_pages_min.store(n, Ordering::Relaxed);
-            format!("{key}={}", vol.stats.write_pages_min())
-        } else {
-            vol.stats.read_wait_min.store(n, Ordering::Relaxed);
-            format!("{key}={}", vol.stats.read_wait_min())
+        let s = &vol.stats;
+        let set = match key {
+            "write_pages_min" => {
+                s.write_pages_min.store(n, Ordering::Relaxed);
+                format!("{key}={}", s.write_pages_min())
+            }
+            "head_copy_min" => {
+                s.head_copy_min.store(n, Ordering::Relaxed);
+                format!("{key}={}", s.head_copy_min())
+            }
+            _ => {
+                s.read_wait_min.store(n, Ordering::Relaxed);
+                format!("{key}={}", s.read_wait_min())
+            }
         };
         line = Some(match line {
             Some(l) => format!("{l} {set}"),
@@ -400,12 +408,14 @@ fn control_set(vol: &Volume, words: &[&str]) -> String {
 }
 
 /// The run-time settings of the data path (`set NAME KEY=SIZE`), beside
-/// the `[qos]` ones: `write_pages_min` ([`Stats::write_pages_min`]) and
-/// `read_wait_min` ([`Stats::read_wait_min`]).
+/// the `[qos]` ones: `write_pages_min` ([`Stats::write_pages_min`]),
+/// `read_wait_min` ([`Stats::read_wait_min`]) and `head_copy_min`
+/// ([`Stats::head_copy_min`]).
 ///
 /// [`Stats::write_pages_min`]: ublk_target::volume::Stats::write_pages_min
 /// [`Stats::read_wait_min`]: ublk_target::volume::Stats::read_wait_min
-const IO_SETTINGS: [&str; 2] = ["write_pages_min", "read_wait_min"];
+/// [`Stats::head_copy_min`]: ublk_target::volume::Stats::head_copy_min
+const IO_SETTINGS: [&str; 3] = ["write_pages_min", "read_wait_min", "head_copy_min"];
 
 /// A data-path setting's value: a size of at least 4 KiB (below that the
 /// choice it makes costs more than it saves), `max` (never) or `default`

@@ -117,7 +117,11 @@ enum Cmd {
     /// (their large pieces spliced to the socket); default max (never);
     /// read_wait_min=SIZE|max|default: a read's data of at least SIZE
     /// still due is received in one receive that waits until all of it
-    /// has arrived, smaller pieces take what has arrived; default 256k.
+    /// has arrived, smaller pieces take what has arrived; default 256k;
+    /// head_copy_min=SIZE|max|default: a spliced piece of write data of
+    /// at least SIZE takes its PDU header along in the same splice (from
+    /// a per-request copy), max sends every header on its own; default
+    /// 32k.
     Set {
         /// Volume name.
         name: String,

@@ -851,7 +851,8 @@ impl Engine {
                 zc.filter(|z| z.in_request[t]).map(|z| z.bases[t])
             };
             gather(&mut c.queue, buf, placed, &in_request);
-            self.heads.copy(buf, placed, self.splice_min);
+            let head_min = self.splice_min.max(self.stats.head_copy_min());
+            self.heads.copy(buf, placed, head_min);
         }
         for d in placed.iter() {
             self.tx_pins[usize::from(d.tag)] += 1;
@@ -1108,6 +1109,16 @@ pub const HEAD_COPY_BYTES: usize = 32;
 /// that asks in small R2Ts, a resend after a reconnect) goes from the
 /// send buffer.
 pub const HEAD_COPIES_PER_TAG: usize = 8;
+
+/// A spliced piece of write data of at least this many bytes takes its
+/// PDU header along from a [`HeadCopies`] slot: the default of the
+/// volume's run-time `head_copy_min` ([`crate::volume::Stats::head_copy_min`],
+/// `max` for never). Every piece that is spliced at all
+/// ([`SPLICE_MIN_BYTES`]), since a header between two splices costs a
+/// `sendmsg` of its own: 3.96 system calls per 128 KiB write QD 32 on the
+/// queue thread without the copies against 2.05 with them
+/// (docs/benchmarks.md, 2026-12-01, later).
+pub const HEAD_COPY_MIN_BYTES: usize = SPLICE_MIN_BYTES;
 
 /// Copies of the PDU headers in front of write data that is spliced, in
 /// memory that stays put until the tag's next request, so that a spliced
