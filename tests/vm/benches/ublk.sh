@@ -33,6 +33,12 @@
 #                     data of SIZE or more still due taken in one receive
 #                     that waits for all of it; default 256k), to A/B it
 #                     against ublk-credits-off
+#   ublk-noheads-off  with BENCH_HEADS=1, write jobs only: both volumes
+#                     with credits off and head_copy_min=max (a spliced
+#                     write's PDU headers sent from the send buffer, a
+#                     sendmsg between two splices, instead of spliced
+#                     with its data from per-tag copies), to A/B the
+#                     copies against ublk-credits-off
 #   ublk-fixed        with BENCH_FIXED=1, write jobs only: both volumes
 #                     at the default but with write_pages_min=32k (a
 #                     large write sent from the request's pages with
@@ -138,8 +144,16 @@
 # samples), as
 # "BENCH profile host=... job=... by=comm|comm,dso|sym|target-sym|client-sym
 # share=... name=..." lines; and, counted over the same seconds by `perf
-# stat`, each process's system calls and context switches per second and
-# per fio I/O ("by=events comm=... event=... per_sec=... per_io=...");
+# stat`, each process's system calls per second and per fio I/O
+# ("by=events comm=... event=... per_sec=... per_io=..."), and each busy
+# thread's CPU time, wait for a CPU and times scheduled in, from its
+# schedstat ("by=thread comm=... on_cpu=... slices_per_io=..."). Context
+# switches are counted from schedstat, not the sched_switch tracepoint:
+# each tracepoint switched on or off rewrites the kernel's text, and the
+# guest's kernel dies of an int3 oops now and then when the code it
+# rewrites is __schedule's (three profile runs of 2026-12-01 in four);
+# BENCH_SWITCHES=1 adds the kernel stacks threads switch out on (a
+# sched_switch record after the window, console log).
 # the read data waiting unread in the client's sockets, sampled over the
 # window ("by=unread samples=... over_256k=... median=..."; a host that
 # keeps up has little);
@@ -151,8 +165,9 @@
 # BENCH_ONLY=profile runs only this part (with part 1's setup); it
 # honours BENCH_JOBS, and with BENCH_FIXED=1 profiles the 128k write a
 # third time as host ublk-fixed-off (credits off, write_pages_min=32k),
-# with BENCH_WAIT=SIZE the reads as host ublk-wait-off (credits off,
-# read_wait_min=SIZE).
+# with BENCH_HEADS=1 as host ublk-noheads-off (credits off,
+# head_copy_min=max), with BENCH_WAIT=SIZE the reads as host
+# ublk-wait-off (credits off, read_wait_min=SIZE).
 #
 # After every ublk run a "BENCH gate" line: what the credit gate held in
 # it and the lower bound on default/off that follows (gate_line), and
@@ -215,17 +230,20 @@ volume() {
 # the same with credits off (profiles); every other mode sets the
 # default, max. `wait-off`: credits off, and a read's data of BENCH_WAIT
 # or more received in one receive that waits for all of it
-# (read_wait_min=BENCH_WAIT); every other mode sets its default.
+# (read_wait_min=BENCH_WAIT); `heads-off`: credits off, and a spliced
+# write's PDU headers sent apart from its data (head_copy_min=max,
+# BENCH_HEADS=1); every other mode sets its default.
 set_mode() {
-    _c=$2 _p=max _w=default
+    _c=$2 _p=max _w=default _hc=default
     [ "$2" = fixed ] && _c=auto _p=32k
     [ "$2" = fixed-off ] && _c=off _p=32k
     [ "$2" = wait-off ] && _c=off _w=$BENCH_WAIT
-    _o=$(ublk-nvmf set "$1" credits="$_c" write_pages_min="$_p" read_wait_min="$_w" 2>&1)
+    [ "$2" = heads-off ] && _c=off _hc=max
+    _o=$(ublk-nvmf set "$1" credits="$_c" write_pages_min="$_p" read_wait_min="$_w" head_copy_min="$_hc" 2>&1)
     case "$_o" in
     credits="$_c"*) ;;
     *)
-        fail "ublk-nvmf set $1 credits=$_c write_pages_min=$_p read_wait_min=$_w: $_o"
+        fail "ublk-nvmf set $1 credits=$_c write_pages_min=$_p read_wait_min=$_w head_copy_min=$_hc: $_o"
         return 1
         ;;
     esac
@@ -322,6 +340,9 @@ matrix_job() {
     case "${BENCH_WAIT:+set}:$_rw" in
     set:*read) _fa="ublk-wait-off-a=$_va:wait-off:$_a" _fb="ublk-wait-off-b=$_vb:wait-off:$_b" ;;
     esac
+    case "${BENCH_HEADS:-}:$_rw" in
+    1:*write) _fa="ublk-noheads-off-a=$_va:heads-off:$_a" _fb="ublk-noheads-off-b=$_vb:heads-off:$_b" ;;
+    esac
     [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _copy="ublk-copy=::$D_COPY"
     _hosts="$_fa ublk-a=$_va:auto:$_a ublk-credits-off-a=$_va:off:$_a $_q2a kernel=::$KDEV $_copy"
     _hosts="$_hosts $_q2b ublk-credits-off-b=$_vb:off:$_b ublk-b=$_vb:auto:$_b $_fb"
@@ -351,7 +372,7 @@ matrix_job() {
             fi
         fi
     done
-    for _m in ublk ublk-credits-off ublk-fixed ublk-q2-off ublk-wait-off; do
+    for _m in ublk ublk-credits-off ublk-fixed ublk-q2-off ublk-wait-off ublk-noheads-off; do
         # sqrt by Newton: the guest's busybox awk has no math functions.
         awk -v r="$_r" -v j="$_j" -v m="$_m" '
             function root(x, y, i) { if (x <= 0) return 0; y = x; for (i = 0; i < 80; i++) y = (y + x / y) / 2; return y }
@@ -613,7 +634,7 @@ profile() {
     case "$1" in ublk*) _sock0=$(socket_counts ublka) ;; esac
     # Clock reads that are system calls (see the clocksource line) are
     # counted apart where the kernel has the tracepoint.
-    _ev=raw_syscalls:sys_enter,sched:sched_switch
+    _ev=raw_syscalls:sys_enter
     perf stat -e syscalls:sys_enter_clock_gettime true >/dev/null 2>&1 &&
         _ev=$_ev,syscalls:sys_enter_clock_gettime
     # `-a --per-thread` maps every thread in /proc before it counts, and
@@ -675,7 +696,8 @@ profile() {
     # they switch out on, over 2 s after the window while fio still runs.
     # The guest idles through large jobs while read data waits unread in
     # our socket, so what the queue thread waits on is the question.
-    perf record -a -g -e sched:sched_switch -o /tmp/switch.data -- sleep 2 >/tmp/perf-switch.log 2>&1 &&
+    [ -n "${BENCH_SWITCHES:-}" ] &&
+        perf record -a -g -e sched:sched_switch -o /tmp/switch.data -- sleep 2 >/tmp/perf-switch.log 2>&1 &&
         perf report -i /tmp/switch.data --no-children --sort comm,sym -g caller,2,callee,function,count --stdio \
             --percent-limit 3 2>/dev/null | awk '/^ +[0-9.]+%/ { show = ($2 == "ublk-nvmf" || $2 ~ /^kworker/ || $2 == "fio") } show && !/^$/' |
             head -n 200 >/tmp/switch.txt
@@ -684,8 +706,10 @@ profile() {
             h, j, NR, some / NR, big / NR, v[int((NR + 1) / 2)], v[int(NR * 0.9) > 0 ? int(NR * 0.9) : 1], v[NR] }' | tee -a "$FIO_BENCH_OUT"
     echo "---- profile $1 $2: sockets mid-window ----"
     cat /tmp/ss-mid.txt
-    echo "---- profile $1 $2: where threads block (sched_switch stacks) ----"
-    cat /tmp/switch.txt 2>/dev/null || tail -n 3 /tmp/perf-switch.log
+    if [ -n "${BENCH_SWITCHES:-}" ]; then
+        echo "---- profile $1 $2: where threads block (sched_switch stacks) ----"
+        cat /tmp/switch.txt 2>/dev/null || tail -n 3 /tmp/perf-switch.log
+    fi
     wait $_fp
     if [ $_prc -ne 0 ] || ! grep -q '^3;' /tmp/prof-fio.out; then
         fail "profile $1 $2 (perf exit $_prc)"
@@ -721,8 +745,9 @@ profile() {
     awk -v h="$1" -v j="$2" -v secs="$_tw" -v iops="$_iops" '
         NR == FNR { r0[$1] = $3; w0[$1] = $4; s0[$1] = $5; next }
         $1 != "uptime_ms" && ($1 in r0) && ($3 - r0[$1]) >= secs * 1e7 {
-            printf "BENCH profile host=%s job=%s by=thread comm=%s on_cpu=%.3f runqueue=%.3f slices_per_sec=%.0f cpu_us_per_io=%.0f\n",
+            printf "BENCH profile host=%s job=%s by=thread comm=%s on_cpu=%.3f runqueue=%.3f slices_per_sec=%.0f slices_per_io=%.2f cpu_us_per_io=%.0f\n",
                 h, j, $2, ($3 - r0[$1]) / secs / 1e9, ($4 - w0[$1]) / secs / 1e9, ($5 - s0[$1]) / secs,
+                (iops > 0) ? ($5 - s0[$1]) / secs / iops : 0,
                 (iops > 0) ? ($3 - r0[$1]) / 1e3 / secs / iops : 0 }' \
         /tmp/threads0.txt /tmp/threads1.txt | sort -t= -k6 -n -r | tee -a "$FIO_BENCH_OUT"
     if [ $_psrc -eq 0 ]; then
@@ -782,6 +807,11 @@ if [ -n "${BENCH_PERF:-}" ] && { [ -z "$ONLY" ] || [ "$ONLY" = profile ]; }; the
         if [ -n "${BENCH_FIXED:-}" ] && [ "$2" = write ]; then
             set_mode ublka fixed-off || exit 1
             profile ublk-fixed-off "$1" "$D_A" "$2" "$3"
+        fi
+        # BENCH_HEADS=1: the write also with its headers sent apart.
+        if [ -n "${BENCH_HEADS:-}" ] && [ "$2" = write ]; then
+            set_mode ublka heads-off || exit 1
+            profile ublk-noheads-off "$1" "$D_A" "$2" "$3"
         fi
         # BENCH_WAIT=SIZE: the read also with read_wait_min=SIZE.
         if [ -n "${BENCH_WAIT:-}" ] && [ "$2" = read ]; then
@@ -1069,6 +1099,7 @@ ublk/kernel:4k-randread-2jobs-qd32:>=1.0"
 pairs="ublk/kernel ublk-credits-off/kernel ublk/ublk-credits-off"
 [ -n "${BENCH_COPY:-}" ] && pairs="$pairs ublk-copy/kernel ublk-credits-off/ublk-copy"
 [ -n "${BENCH_FIXED:-}" ] && pairs="$pairs ublk-fixed/kernel ublk/ublk-fixed ublk-a/ublk-fixed-a ublk-b/ublk-fixed-b"
+[ -n "${BENCH_HEADS:-}" ] && pairs="$pairs ublk-noheads-off/kernel ublk-credits-off/ublk-noheads-off ublk-credits-off-a/ublk-noheads-off-a ublk-credits-off-b/ublk-noheads-off-b"
 [ "${BENCH_Q2:-}" = both ] && pairs="$pairs ublk-q2-off/kernel ublk-q2-off/ublk-credits-off"
 [ -n "${BENCH_WAIT:-}" ] && pairs="$pairs ublk-wait-off/kernel ublk-wait-off/ublk-credits-off ublk-wait-off-a/ublk-credits-off-a ublk-wait-off-b/ublk-credits-off-b"
 pairs="$pairs ublk-credits-off-a/ublk-credits-off-b ublk-a/ublk-credits-off-a ublk-b/ublk-credits-off-b"
