@@ -1,4 +1,4 @@
-# vm-timeout: 2400
+# vm-timeout: 4200
 # vm-mem: 4096
 # The benchmark matrix of issue 14: is the default ublk-nvmf path at least
 # as fast as the kernel NVMe/TCP host, and does its default credit mode
