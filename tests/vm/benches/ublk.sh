@@ -33,12 +33,13 @@
 #                     data of SIZE or more still due taken in one receive
 #                     that waits for all of it; default 256k), to A/B it
 #                     against ublk-credits-off
-#   ublk-noheads-off  with BENCH_HEADS=1, write jobs only: both volumes
-#                     with credits off and head_copy_min=max (a spliced
-#                     write's PDU headers sent from the send buffer, a
-#                     sendmsg between two splices, instead of spliced
-#                     with its data from per-tag copies), to A/B the
-#                     copies against ublk-credits-off
+#   ublk-noheads-off  with BENCH_HEADS=1 (not with BENCH_FIXED), write
+#                     jobs only: both volumes with credits off and
+#                     head_copy_min=max (a spliced write's PDU headers
+#                     sent from the send buffer, a sendmsg between two
+#                     splices, instead of spliced with its data from
+#                     per-tag copies), to A/B the copies against
+#                     ublk-credits-off
 #   ublk-fixed        with BENCH_FIXED=1, write jobs only: both volumes
 #                     at the default but with write_pages_min=32k (a
 #                     large write sent from the request's pages with
@@ -195,6 +196,12 @@ FIO_BENCH_OUT=/tmp/bench.txt
 
 require_cmd ublk-nvmf gimbal-target fio || exit 1
 require_module ublk_drv nvme-tcp || exit 1
+# Both add hosts in a write job's two outer places of the round, so one
+# would replace the other's without a word.
+if [ -n "${BENCH_FIXED:-}" ] && [ -n "${BENCH_HEADS:-}" ]; then
+    fail "BENCH_FIXED and BENCH_HEADS take the same places in a write job's round: set one"
+    exit 1
+fi
 # The socket dumps' buffers and windows: without tcp_diag ss reads
 # /proc/net/tcp and shows neither (the dumps are diagnostics, so no check).
 modprobe tcp_diag 2>/dev/null || log "no tcp_diag: socket dumps show no buffers"
@@ -619,6 +626,10 @@ thread_times() {
     done
     echo "uptime_ms - $(uptime_ms) 0 0"
 }
+# perf_error N: the first N lines of perf stat's output (its log) on one
+# line: the error comes before the usage text (its option lines, `  -x`).
+perf_error() { grep -v '^ *-' /tmp/perf-stat.log | head -n "$1" | tr '\n' ' '; }
+
 # profile HOST JOB DEV RW BS: perf over BENCH_SECS of the job, after 2 s.
 profile() {
     fio --name=p --filename="$3" --ioengine=libaio --direct=1 --rw="$4" --bs="$5" \
@@ -661,7 +672,7 @@ profile() {
         [ "$_go" = go ] && break
         wait $_psp
         _try=$((_try + 1))
-        log "profile $1 $2: perf stat did not start (try $_try, $_go): $(grep -v '^ *-' /tmp/perf-stat.log | head -n 2 | tr '\n' ' ')"
+        log "profile $1 $2: perf stat did not start (try $_try, $_go): $(perf_error 2)"
         [ $_try -lt 3 ] || break
     done
     tcp_counts >/tmp/tcp0.txt
@@ -758,10 +769,7 @@ profile() {
                     h, j, a[1], a[2], n[k] / secs, (iops > 0) ? n[k] / secs / iops : 0 } }' \
             /tmp/perf-stat.txt | sort | tee -a "$FIO_BENCH_OUT"
     else
-        # The error is at the head of perf's output, before its usage
-        # text (the first host's counts failed this way in every profile
-        # run of 2026-12-01, the next host's not).
-        log "profile $1 $2: perf stat failed (exit $_psrc): $(grep -v '^ *-' /tmp/perf-stat.log | head -n 4 | tr '\n' ' ')"
+        log "profile $1 $2: perf stat failed (exit $_psrc): $(perf_error 4)"
     fi
     # Socket sends and receives per request (a receive is a ring round
     # trip: how many a large read's data takes is what direct receives
