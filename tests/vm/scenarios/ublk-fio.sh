@@ -61,6 +61,7 @@ check_output "set read_wait_min back to the default (256k)" "^read_wait_min=2621
 # with its data from per-tag copies (the default, which the matrix above
 # and the first verify ran), switched at run time: data still right.
 check_output "set head_copy_min=max at run time" "^head_copy_min=4294967295$" ublk-nvmf set gfile head_copy_min=max
+check_output "set head_copy_min rejects a size under 4k" "4k" sh -c 'ublk-nvmf set gfile head_copy_min=2k 2>&1; true'
 fio_verify "gimbal, zero copy, spliced writes' headers sent apart: verify" /dev/ublkb0 randwrite 128k 32 32M --bsrange=4k-256k
 check_output "set head_copy_min back to the default (32k)" "^head_copy_min=32768$" ublk-nvmf set gfile head_copy_min=default
 check "gimbal: blkdiscard the whole device" blkdiscard_real /dev/ublkb0
