@@ -13,6 +13,7 @@
 //! | R2Ts outstanding | one per write (MAXR2T = 1 per command), and only for writes whose data fits the reservation above: at most `max_queue_data_bytes` solicited and not yet received | 16 per queue at 1 MiB |
 //! | in-capsule data of one command | IOCCSZ - 64 (`limits.in_capsule_data_bytes`) on I/O queues, [`ADMIN_IN_CAPSULE_BYTES`] on the admin queue; larger is refused | 8 KiB |
 //! | one PDU being received | max(MAXH2CDATA, in-capsule maximum) + header, checked from PLEN before it is buffered | 128 KiB |
+//! | the socket's receive buffer (the kernel's memory, charged only for data that has arrived and not been read) | an I/O queue's is grown at its Connect to [`receive_window`]: its data budget above plus a full SQ of command capsules, which the kernel caps at half of `net.ipv4.tcp_rmem`'s maximum; never more than that cap, whatever the host sends | 16 MiB under the 32 MiB `tcp_rmem` maximum of recent kernels (the bench guest's); 3 MiB under the older 6 MiB |
 //! | a log page | its real size (Identify: 4 KiB; discovery: 1 KiB per entry); the rest of a longer request is sent from a static page of zeros ([`ZEROS`]) and never allocated; longer than MDTS: Invalid Field in Command | - |
 //!
 //! Per target: at most `limits.max_connections` connections (more are
@@ -34,6 +35,23 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::Notify;
+
+use crate::config::Limits;
+
+/// Bytes of a command capsule PDU besides its in-capsule data: the common
+/// header (8), the SQE (64) and both digests (4 + 4).
+const CAPSULE_OVERHEAD: usize = 8 + 64 + 4 + 4;
+
+/// What an I/O queue of `depth` entries lets its host have in flight
+/// towards us at once, so what its socket's receive buffer should hold:
+/// the write data its R2Ts solicit (at most `max_queue_data_bytes`) plus
+/// a full SQ of command capsules with in-capsule data. A window smaller
+/// than that makes the host's writes wait for it to open while the
+/// target's budget would have taken them (issue 14).
+pub fn receive_window(limits: &Limits, depth: u16) -> usize {
+    let capsule = CAPSULE_OVERHEAD + limits.in_capsule_data_bytes as usize;
+    (limits.max_queue_data_bytes as usize).saturating_add(usize::from(depth) * capsule)
+}
 
 /// Commands a queue may have outstanding before its Connect completes
 /// (the Connect itself, and whatever a host pipelines behind it, which is
@@ -211,6 +229,19 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_receive_window_is_the_data_budget_and_a_full_sq_of_capsules() {
+        let limits = Limits::default();
+        // 16 MiB solicited by R2T plus 128 capsules of 80 + 8 KiB.
+        assert_eq!(receive_window(&limits, 128), (16 << 20) + 128 * (80 + 8192));
+        let tight = Limits {
+            max_queue_data_bytes: 1 << 20,
+            in_capsule_data_bytes: 0,
+            ..limits
+        };
+        assert_eq!(receive_window(&tight, 2), (1 << 20) + 2 * 80);
+    }
 
     #[test]
     fn reservations_never_exceed_either_pool_and_come_back_on_drop() {

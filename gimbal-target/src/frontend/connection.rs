@@ -26,6 +26,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -355,6 +356,9 @@ enum QueueState {
 struct Connection {
     target: Arc<Target>,
     peer: SocketAddr,
+    /// The connection's socket, for its options; open while `serve`'s
+    /// read half lives, which outlives the connection.
+    fd: RawFd,
     state: QueueState,
     decoder: PduDecoder,
     max_h2c_data: u32,
@@ -439,6 +443,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
         Err(_) => return,
     };
     let _ = stream.set_nodelay(true);
+    let fd = stream.as_raw_fd();
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = unbounded_channel();
     let sq = Arc::new(SqState {
@@ -479,6 +484,7 @@ pub async fn serve(stream: TcpStream, target: Arc<Target>) {
         }),
         target,
         peer,
+        fd,
         state: QueueState::AwaitIcReq,
         decoder: PduDecoder::new(DecoderConfig {
             // Before ICResp nothing larger than an ICReq may arrive.
@@ -1406,6 +1412,9 @@ impl Connection {
         sq.flow_control_disabled
             .store(c.sq_flow_control_disabled(), Ordering::Relaxed);
         sq.head.store(1 % depth, Ordering::Relaxed);
+        if c.qid != 0 {
+            self.grow_receive_buffer(depth);
+        }
         self.state = state;
         // The Connect's own CQE names the new queue, and asks for
         // authentication (AUTHREQ.ATR) when the host has a key: on the
@@ -1424,6 +1433,20 @@ impl Connection {
             0,
             Vec::new(),
         );
+    }
+
+    /// Let an I/O queue's socket hold what its host may send before we
+    /// read it ([`budget::receive_window`]): with autotuning alone one
+    /// connection's buffer can settle at a quarter of the data its R2Ts
+    /// solicit and keep that host's writes waiting for the window
+    /// (issue 14). The admin queue carries no bulk data and keeps the
+    /// kernel's default.
+    fn grow_receive_buffer(&self, depth: u16) {
+        let want = budget::receive_window(&self.target.config.limits, depth);
+        match sock_tune::grow_receive_buffer(self.fd, want) {
+            Ok(n) => log::debug!("{}: receive buffer {n} bytes for {want}", self.peer),
+            Err(e) => log::debug!("{}: receive buffer left to TCP: {e}", self.peer),
+        }
     }
 
     /// Whether the queue a Connect opens must authenticate: when the host

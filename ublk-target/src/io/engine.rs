@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 use nvmf_initiator::{Event, Queue, QueueConfig, Request};
 use qos_core::priority::NvmeClass;
 use qos_core::Nanos;
+use sock_tune::grow_receive_buffer;
 
 use crate::io::fanout::PartId;
 pub use crate::io::requests::TagBuf;
@@ -1612,64 +1613,6 @@ impl SplicePipe {
     }
 }
 
-/// Let the socket `fd` hold at least `bytes` of received data unread
-/// (the kernel caps it at half of `net.ipv4.tcp_rmem`'s maximum);
-/// returns the socket's receive buffer (`SO_RCVBUF`, bookkeeping
-/// included) after.
-///
-/// Raising the low-water mark to `bytes` makes TCP grow the buffer to
-/// hold that much (`tcp_set_rcvlowat`, Linux 4.18+); lowering it again
-/// leaves the buffer as it is, and TCP never shrinks it. Setting
-/// `SO_RCVBUF` instead would turn the kernel's autotuning off for the
-/// socket and is capped by `net.core.rmem_max` (208 KiB by default)
-/// unless the process has `CAP_NET_ADMIN`. The mark is back at one byte
-/// when this returns, whatever failed: the receive path raises it only
-/// for the receive that waits ([`rx_task`]).
-pub fn grow_receive_buffer(fd: std::os::fd::RawFd, bytes: usize) -> std::io::Result<usize> {
-    let set_lowat = |v: libc::c_int| {
-        // SAFETY: a c_int option value of its size; a bad fd is an error.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    let raised = set_lowat(bytes.min(libc::c_int::MAX as usize) as libc::c_int);
-    set_lowat(1)?;
-    raised?;
-    Ok(socket_int(fd, libc::SO_RCVBUF)?.max(0) as usize)
-}
-
-/// The `SOL_SOCKET` option `opt` of socket `fd`, an int.
-fn socket_int(fd: std::os::fd::RawFd, opt: libc::c_int) -> std::io::Result<libc::c_int> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `v`/`len` describe a c_int; a bad fd is an error.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 {
-        Ok(v)
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// TCP connect, ICReq, Connect, blocking and bounded by the config's
 /// connect timeout; returns the live queue and its socket.
 pub fn connect_blocking(
@@ -2390,32 +2333,6 @@ mod tests {
     /// The bytes `iov` names, counted.
     fn total(iov: &[libc::iovec]) -> usize {
         iov.iter().map(|v| v.iov_len).sum()
-    }
-
-    #[test]
-    fn a_connected_socket_can_hold_the_receive_window_and_reads_at_one_byte() {
-        let (sock, _peer) = loopback_pair();
-        let fd = sock.as_raw_fd();
-        let lowat = || socket_int(fd, libc::SO_RCVLOWAT).unwrap();
-        let before = grow_receive_buffer(fd, 0).unwrap();
-        let after = grow_receive_buffer(fd, RX_WINDOW_BYTES).unwrap();
-        // The kernel caps the mark (so the growth) at half of tcp_rmem's
-        // maximum; the buffer counts bookkeeping too, so it is at least
-        // the data it must hold.
-        let max = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_rmem")
-            .ok()
-            .and_then(|s| s.split_whitespace().nth(2)?.parse::<usize>().ok())
-            .unwrap_or(usize::MAX);
-        let want = RX_WINDOW_BYTES.min(max / 2);
-        assert!(
-            after >= want && after > before,
-            "receive buffer {before} -> {after}, want at least {want}"
-        );
-        // A buffered receive must never wait for more than has arrived.
-        assert_eq!(lowat(), 1);
-        // Never shrunk by a smaller request.
-        assert!(grow_receive_buffer(fd, 4096).unwrap() >= after);
-        assert_eq!(lowat(), 1);
     }
 
     #[test]
