@@ -74,7 +74,8 @@
 # on the queues = 2 volumes and on the kernel host. In every round each
 # job runs on the hosts back to back (ublk-a, ublk-credits-off-a, kernel,
 # ublk-credits-off-b, ublk-b; reversed in even rounds: mirrored around the
-# kernel host, see matrix_job), so the host's drift falls on all alike;
+# kernel host; each volume's two modes swapped in rounds 3-4, 7-8, ...;
+# see matrix_job), so the host's drift falls on all alike;
 # ratios are only taken within a round. For
 # every job: the ratios per round (IOPS for 4k jobs, MiB/s for the rest),
 # then their median and spread (min-max) across rounds, with the issue's
@@ -317,9 +318,16 @@ fi
 # and a drift that is steady within the round cancels from every ratio
 # of the round's geometric means (default/off, ublk/kernel, off/kernel),
 # not only over a pair of rounds. The reversal in even rounds still
-# alternates which volume runs first. Then the round's `ublk` and
-# `ublk-credits-off` lines: the geometric means of the two volumes in
-# that mode.
+# alternates which volume runs first. Rounds 3-4, 7-8, ... swap each
+# volume's two modes (credits off at the round's ends, the default next
+# to the kernel host): in rounds 1-2 alone the default runs always had
+# the ends and credits off the places beside the kernel host, so a cost
+# of a place (a round's first run after another job's last, say) fell on
+# default/off as if it were the gate's (a three-round run's 128k write
+# default/off 0.908 with the gate's bound at 0.992, docs/benchmarks.md,
+# 2026-12-01, third). Over every four rounds each mode has each place
+# equally often. Then the round's `ublk` and `ublk-credits-off` lines:
+# the geometric means of the two volumes in that mode.
 matrix_job() {
     _r=$1 _j=$2 _rw=$3 _bs=$4 _qd=$5 _n=${6:-1}
     case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
@@ -351,8 +359,13 @@ matrix_job() {
     1:*write) _fa="ublk-noheads-off-a=$_va:heads-off:$_a" _fb="ublk-noheads-off-b=$_vb:heads-off:$_b" ;;
     esac
     [ -n "${BENCH_COPY:-}" ] && [ "$_n" = 1 ] && _copy="ublk-copy=::$D_COPY"
-    _hosts="$_fa ublk-a=$_va:auto:$_a ublk-credits-off-a=$_va:off:$_a $_q2a kernel=::$KDEV $_copy"
-    _hosts="$_hosts $_q2b ublk-credits-off-b=$_vb:off:$_b ublk-b=$_vb:auto:$_b $_fb"
+    _ua="ublk-a=$_va:auto:$_a" _oa="ublk-credits-off-a=$_va:off:$_a"
+    _ub="ublk-b=$_vb:auto:$_b" _ob="ublk-credits-off-b=$_vb:off:$_b"
+    if [ $(((_r - 1) / 2 % 2)) -eq 0 ]; then
+        _hosts="$_fa $_ua $_oa $_q2a kernel=::$KDEV $_copy $_q2b $_ob $_ub $_fb"
+    else
+        _hosts="$_fa $_oa $_ua $_q2a kernel=::$KDEV $_copy $_q2b $_ub $_ob $_fb"
+    fi
     [ $((_r % 2)) -eq 0 ] && _hosts=$(printf '%s\n' $_hosts | tac | tr '\n' ' ')
     for _h in $_hosts; do
         _spec=${_h#*=}
