@@ -6,8 +6,8 @@
 # (default 3) rounds. Run:
 #   tests/vm/run --bench ublk                     # ~18 min
 #   BENCH_ROUNDS=1 BENCH_SECS=3 BENCH_TENANT_SECS=5 tests/vm/run --bench ublk   # a quick look
-# BENCH_ONLY=matrix, tenants, profile, interleave, climb or offset runs
-# one part (the last three, parts 4-6, run only when asked for);
+# BENCH_ONLY=matrix, tenants, profile, interleave, climb, offset or versus
+# runs one part (the last four, parts 4-7, run only when asked for);
 # BENCH_JOBS=JOB,...
 # (names as in the BENCH lines, e.g. 128k-write-qd32) runs only those
 # matrix jobs; the BENCH lines
@@ -258,7 +258,7 @@ set_mode() {
 }
 
 # --- part 1 setup: null namespace, four volumes, the kernel host ---------
-if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ] || [ "$ONLY" = interleave ] || [ "$ONLY" = climb ] || [ "$ONLY" = offset ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = matrix ] || [ "$ONLY" = profile ] || [ "$ONLY" = interleave ] || [ "$ONLY" = climb ] || [ "$ONLY" = offset ] || [ "$ONLY" = versus ]; then
     gimbal_write_config
     gimbal_start || exit 1
     # BENCH_PROBE_LOG=1: the default volumes log every gain probe's
@@ -1106,6 +1106,65 @@ if [ "$ONLY" = offset ]; then
                 sort(w, m)
                 printf "BENCH offset summary action=%s changes=%d change_median=%.3f change_min=%.3f change_max=%.3f\n",
                     x, m, median(w, m), w[1], w[m] } }' | tee -a "$FIO_BENCH_OUT"
+fi
+
+# --- part 7: ublk against the kernel host, interleaved (BENCH_ONLY=versus) --
+# Goals 2 and 3 compare our host with the kernel host, and part 1 takes
+# that ratio from runs up to a minute apart, on a host whose speed moves
+# by 10-30 % between such runs (its A/A ratios): a job's ublk/kernel has
+# read 0.82 in one run and 1.12 in another with the same code
+# (docs/benchmarks.md, 2026-12-01). Here short fio runs alternate between
+# our host and the kernel host, BENCH_VS_SEGMENTS (16) of them per job,
+# each BENCH_SEGMENT_SECS (8) s after fio's 2 s warm-up: ublk on volume a,
+# kernel, ublk on volume b, kernel, ... (the two volumes take turns, so
+# an offset of one volume halves instead of entering whole), all volumes
+# in BENCH_VS_MODE (auto: the default; or off). For each inner segment,
+# its rate against the mean of its two neighbours (A-B-A, with our host
+# as the numerator both ways), so a drift slower than a segment cancels.
+# Reported per job: every segment ("BENCH versus segment"), the A-B-A
+# ratios and their median and spread ("BENCH versus summary", with the
+# issue's goal: a report, not a check). The jobs: 128k read and write, 1M
+# read, 4k randwrite (QD 32) and the two-job case on the queues = 2
+# volumes; BENCH_JOBS selects.
+versus() {
+    _j=$1 _rw=$2 _bs=$3 _qd=$4 _n=$5 _goal=$6
+    case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
+    if [ "$_n" -gt 1 ]; then _va=ublkq2a _vb=ublkq2b _a=$D_A2 _b=$D_B2; else _va=ublka _vb=ublkb _a=$D_A _b=$D_B; fi
+    set_mode "$_va" "${BENCH_VS_MODE:-auto}" || return 1
+    set_mode "$_vb" "${BENCH_VS_MODE:-auto}" || return 1
+    _k=0
+    while [ $_k -lt "${BENCH_VS_SEGMENTS:-16}" ]; do
+        case $((_k % 4)) in
+        0) _h=ublk-a _d=$_a ;;
+        2) _h=ublk-b _d=$_b ;;
+        *) _h=kernel _d=$KDEV ;;
+        esac
+        fio_bench "versus segment=$_k host=$_h job=$_j" "$_d" "$_rw" "$_bs" "$_qd" "$ISEG" "$_n" >/dev/null || return 1
+        _k=$((_k + 1))
+    done
+    awk -v j="$_j" -v goal="$_goal" "$AWK_STATS"'
+        $1 == "BENCH" && $2 == "versus" && kv("job") == j && kv("segment") != "" {
+            k = kv("segment") + 0; r[k] = kv("mibps") + 0; h[k] = kv("host"); if (k + 1 > n) n = k + 1 }
+        END {
+            for (k = 1; k < n - 1; k++) {
+                side = (r[k - 1] + r[k + 1]) / 2
+                if (side <= 0 || r[k] <= 0) continue
+                x = (h[k] == "kernel") ? side / r[k] : r[k] / side
+                v[++m] = x; list = list (m > 1 ? "," : "") sprintf("%.3f", x)
+                if (h[k] == "kernel") { nk++; sk += x } else { nu++; su += x }
+            }
+            if (m == 0) { printf "BENCH versus summary job=%s aba_n=0\n", j; exit }
+            sort(v, m); med = median(v, m)
+            printf "BENCH versus summary job=%s mode=%s ublk_over_kernel_median=%.3f min=%.3f max=%.3f aba_n=%d mean_at_ublk=%.3f mean_at_kernel=%.3f goal=%s met=%s aba=%s\n",
+                j, mode, med, v[1], v[m], m, nu ? su / nu : 0, nk ? sk / nk : 0, goal, (med >= substr(goal, 3) + 0) ? "yes" : "no", list }' \
+        mode="${BENCH_VS_MODE:-auto}" "$FIO_BENCH_OUT" | tee -a "$FIO_BENCH_OUT"
+}
+if [ "$ONLY" = versus ]; then
+    versus 128k-read-qd32 read 128k 32 1 ">=1.0"
+    versus 128k-write-qd32 write 128k 32 1 ">=1.0"
+    versus 1m-read-qd32 read 1M 32 1 ">=0.9"
+    versus 4k-randwrite-qd32 randwrite 4k 32 1 ">=1.0"
+    versus 4k-randread-2jobs-qd32 randread 4k 32 2 ">=1.0"
 fi
 
 # --- summary ---------------------------------------------------------------
