@@ -1125,11 +1125,13 @@ fi
 # ratios and their median and spread ("BENCH versus summary", with the
 # issue's goal: a report, not a check). The jobs: 128k read and write, 1M
 # read, 4k randwrite (QD 32) and the two-job case on the queues = 2
-# volumes; BENCH_JOBS selects.
+# volumes; BENCH_JOBS selects. BENCH_VS_Q2=1 runs every job on the
+# queues = 2 volumes (the kernel host has an I/O queue per vCPU, two
+# here, and a single fio job's requests leave on its CPU's queue).
 versus() {
     _j=$1 _rw=$2 _bs=$3 _qd=$4 _n=$5 _goal=$6
     case ",${BENCH_JOBS:-$_j}," in *",$_j,"*) ;; *) return 0 ;; esac
-    if [ "$_n" -gt 1 ]; then _va=ublkq2a _vb=ublkq2b _a=$D_A2 _b=$D_B2; else _va=ublka _vb=ublkb _a=$D_A _b=$D_B; fi
+    if [ "$_n" -gt 1 ] || [ -n "${BENCH_VS_Q2:-}" ]; then _va=ublkq2a _vb=ublkq2b _a=$D_A2 _b=$D_B2; else _va=ublka _vb=ublkb _a=$D_A _b=$D_B; fi
     set_mode "$_va" "${BENCH_VS_MODE:-auto}" || return 1
     set_mode "$_vb" "${BENCH_VS_MODE:-auto}" || return 1
     _k=0
@@ -1139,7 +1141,7 @@ versus() {
         2) _h=ublk-b _d=$_b ;;
         *) _h=kernel _d=$KDEV ;;
         esac
-        fio_bench "versus segment=$_k host=$_h job=$_j" "$_d" "$_rw" "$_bs" "$_qd" "$ISEG" "$_n" >/dev/null || return 1
+        fio_bench "versus segment=$_k host=$_h job=$_j" "$_d" "$_rw" "$_bs" "$_qd" "$ISEG" "$_n" || return 1
         _k=$((_k + 1))
     done
     awk -v j="$_j" -v goal="$_goal" "$AWK_STATS"'
